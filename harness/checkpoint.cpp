@@ -1,0 +1,147 @@
+#include "harness/checkpoint.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+namespace optcc {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kFormatVersion = 1;
+
+std::string rank_file(const fs::path& ckpt_dir, int64_t rank) {
+  return (ckpt_dir / fmt::format("rank_{:05d}.pt", rank)).string();
+}
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    if (!out) throw std::runtime_error(fmt::format("checkpoint: cannot write {}", tmp.string()));
+  }
+  fs::rename(tmp, path);
+}
+
+torch::Tensor scalar(int64_t v) { return torch::tensor({v}, torch::kLong); }
+
+int64_t read_scalar(torch::serialize::InputArchive& ar, const std::string& key) {
+  torch::Tensor t;
+  ar.read(key, t);
+  return t.item<int64_t>();
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, const TrainState& state, torch::nn::Module& model,
+                            torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
+                            const std::string& config_yaml, int64_t keep) {
+  const fs::path ckpt_dir = fs::path(dir) / fmt::format("iter_{:07d}", state.step);
+  std::error_code ec;
+  fs::create_directories(ckpt_dir, ec);
+  if (ec) throw std::runtime_error(fmt::format("checkpoint: cannot create {}: {}", ckpt_dir.string(), ec.message()));
+
+  torch::serialize::OutputArchive ar;
+  ar.write("meta/format_version", scalar(kFormatVersion));
+  ar.write("meta/step", scalar(state.step));
+  ar.write("meta/consumed_samples", scalar(state.consumed_samples));
+  ar.write("meta/layout", torch::tensor({layout.tp, layout.pp, layout.dp, layout.rank}, torch::kLong));
+  ar.write("meta/config", c10::IValue(config_yaml));
+  for (const auto& p : model.named_parameters()) ar.write("model/" + p.key(), p.value());
+  for (const auto& b : model.named_buffers()) ar.write("model/" + b.key(), b.value(), /*is_buffer=*/true);
+  torch::serialize::OutputArchive opt_ar;
+  optimizer.save(opt_ar);
+  ar.write("optimizer", opt_ar);
+  ar.write("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
+
+  const std::string file = rank_file(ckpt_dir, layout.rank);
+  const std::string tmp = file + ".tmp";
+  try {
+    ar.save_to(tmp);
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(fmt::format("checkpoint: cannot write {}: {}", tmp, e.what_without_backtrace()));
+  }
+  fs::rename(tmp, file);
+
+  if (layout.rank == 0) {
+    write_text_atomically(fs::path(dir) / "latest", ckpt_dir.filename().string() + "\n");
+    if (keep > 0) {
+      std::vector<fs::path> all;
+      for (const auto& e : fs::directory_iterator(dir)) {
+        if (e.is_directory() && e.path().filename().string().rfind("iter_", 0) == 0) all.push_back(e.path());
+      }
+      std::sort(all.begin(), all.end());
+      for (size_t i = 0; i + keep < all.size(); ++i) fs::remove_all(all[i], ec);
+    }
+  }
+  return ckpt_dir.string();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "latest");
+  std::string name;
+  if (!(in >> name)) return std::nullopt;
+  return (fs::path(dir) / name).string();
+}
+
+TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer, const CheckpointLayout& layout) {
+  fs::path ckpt_dir = ckpt;
+  if (fs::exists(ckpt_dir / "latest")) ckpt_dir = *latest_checkpoint(ckpt);
+  const std::string file = rank_file(ckpt_dir, layout.rank);
+  if (!fs::exists(file)) {
+    throw std::runtime_error(fmt::format(
+        "checkpoint: {} does not exist. Fix: point --resume at a checkpoint directory "
+        "(iter_NNNNNNN or its parent holding `latest`) written by a run with the same layout.",
+        file));
+  }
+  torch::serialize::InputArchive ar;
+  try {
+    ar.load_from(file);
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(fmt::format("checkpoint: cannot read {}: {}", file, e.what_without_backtrace()));
+  }
+  if (read_scalar(ar, "meta/format_version") != kFormatVersion) {
+    throw std::runtime_error(fmt::format("checkpoint: {} has an unsupported format version", file));
+  }
+  torch::Tensor saved_layout;
+  ar.read("meta/layout", saved_layout);
+  auto l = saved_layout.accessor<int64_t, 1>();
+  if (l[0] != layout.tp || l[1] != layout.pp || l[2] != layout.dp) {
+    throw std::runtime_error(fmt::format(
+        "checkpoint: {} was written with layout tp={} pp={} dp={}, but this run uses tp={} pp={} "
+        "dp={}. Fix: resume with the checkpoint's layout (resharding is not supported).",
+        file, l[0], l[1], l[2], layout.tp, layout.pp, layout.dp));
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.named_parameters()) {
+    torch::Tensor t;
+    try {
+      ar.read("model/" + p.key(), t);
+    } catch (const c10::Error&) {
+      throw std::runtime_error(fmt::format("checkpoint: {} lacks parameter '{}'", file, p.key()));
+    }
+    if (!t.sizes().equals(p.value().sizes())) {
+      throw std::runtime_error(fmt::format("checkpoint: {}: parameter '{}' has shape {} but the model "
+                                           "has {}. Fix: resume with the same model config.",
+                                           file, p.key(), fmt::join(t.sizes(), "x"),
+                                           fmt::join(p.value().sizes(), "x")));
+    }
+    p.value().copy_(t);
+  }
+  torch::serialize::InputArchive opt_ar;
+  ar.read("optimizer", opt_ar);
+  optimizer.load(opt_ar);
+  torch::Tensor rng;
+  ar.read("rng/cpu", rng);
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  gen.set_state(rng);
+  return TrainState{read_scalar(ar, "meta/step"), read_scalar(ar, "meta/consumed_samples")};
+}
+
+}  // namespace optcc

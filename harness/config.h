@@ -1,0 +1,157 @@
+// Experiment configuration: one struct per YAML section, each field with its unit, default and effect.
+//
+// A config file (experiments/*.yaml) is a small diff over these defaults. Loading rules:
+//   * every key must be known; an unknown key is an error that lists the section's keys;
+//   * a value must have the default's type (`--set section.key=value` too);
+//   * `model.preset` is applied first, so explicit model keys override the preset's sizes;
+//   * `validate()` checks cross-field rules before any work starts.
+// Every error is a ConfigError whose message names the key, the value, the rule and the fix.
+// The effective config (after presets and overrides) is written with every result (`to_yaml`).
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace optcc {
+
+/// Thrown for any bad configuration input; what() is a complete, user-facing message.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// `model:` GPT architecture (Megatron-style, pre-LayerNorm, tied input/output embedding).
+struct ModelConfig {
+  std::string preset = "tiny";   // size preset (models/presets.h); its sizes fill the fields below
+  int64_t num_layers = 2;        // transformer blocks
+  int64_t hidden_size = 64;      // h; MLP inner size is 4h
+  int64_t num_heads = 2;         // attention heads; h % heads == 0 and heads % parallel.tp == 0
+  int64_t seq_len = 64;          // tokens per sample (s)
+  int64_t max_position_embeddings = 0;  // learned positions; 0 = seq_len
+  int64_t vocab_size = 0;        // true vocabulary; 0 = read from the dataset's <prefix>.json
+  int64_t vocab_divisor = 128;   // vocab is padded to a multiple of vocab_divisor * tp (BR-15)
+  double hidden_dropout = 0.1;   // dropout after attention/MLP and on embeddings, probability
+  double attention_dropout = 0.1;  // dropout on attention probabilities
+  double init_std = 0.02;        // N(0, init_std) init; output projections use init_std/sqrt(2L)
+  template <class V> void visit(V&& v);
+};
+
+/// `parallel:` process layout. Multi-rank execution arrives with the 3D-parallel work (issue 3).
+struct ParallelConfig {
+  int64_t tp = 1;              // tensor-parallel size
+  int64_t pp = 1;              // pipeline-parallel size (stages)
+  int64_t dp = 1;              // data-parallel size
+  int64_t ranks_per_node = 0;  // ranks per node for intra/inter-node accounting; 0 = local world
+  std::vector<int64_t> stage_layers;  // explicit layers per stage; empty = even split
+  template <class V> void visit(V&& v);
+};
+
+/// `train:` optimisation and schedule. Steps are optimizer steps (one global batch each).
+struct TrainConfig {
+  int64_t micro_batch_size = 4;    // sequences per micro-batch (b)
+  int64_t global_batch_size = 8;   // sequences per step (B) = micro_batch_size * micro-batches * dp
+  int64_t train_steps = 100;       // optimizer steps to run
+  double lr = 1.0e-3;              // peak learning rate
+  double min_lr = 1.0e-4;          // cosine decay floor
+  int64_t warmup_steps = 10;       // linear warm-up from 0 to lr
+  int64_t decay_steps = 0;         // cosine decay length after warm-up ends; 0 = train_steps
+  double weight_decay = 0.01;      // decoupled (AdamW); not applied to biases and LayerNorm
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.95;
+  double adam_eps = 1.0e-8;
+  double clip_grad = 1.0;          // global L2 norm clip; 0 = off
+  int64_t seed = 1234;             // model init, dropout and data shuffle seed
+  int64_t eval_interval = 50;      // steps between validation runs; 0 = only at the end
+  int64_t eval_iters = 10;         // validation micro-batches per evaluation
+  int64_t threads = 0;             // intra-op CPU threads per rank; 0 = cores / local ranks
+  template <class V> void visit(V&& v);
+};
+
+/// `data:` corpus, tokenizer and indexed dataset.
+struct DataConfig {
+  std::string dir = "data";                // cache root: raw packages, corpus JSONL, index caches
+  std::vector<std::string> sources = {"nlp-corpus", "brown"};  // built-in names or .jsonl/.txt paths
+  std::string prefix = "data/corpus";      // indexed dataset <prefix>.bin/.idx/.json/.model
+  int64_t vocab_size = 8000;               // SentencePiece vocabulary size (data prepare)
+  std::string tokenizer_type = "unigram";  // SentencePiece model: unigram | bpe
+  std::string split = "949,50,1";          // train,valid,test document weights
+  template <class V> void visit(V&& v);
+};
+
+/// `compression:` compressor per traffic class. The registry arrives with issue 4; until then
+/// only `none` (the uncompressed baseline) exists.
+struct CompressionConfig {
+  std::string dp = "none";                 // data-parallel gradient reduction
+  std::string embedding = "none";          // tied-embedding synchronisation
+  std::string pipeline_forward = "none";   // inter-stage activations
+  std::string pipeline_backward = "none";  // inter-stage activation gradients
+  std::string tp = "none";                 // tensor-parallel collectives
+  template <class V> void visit(V&& v);
+};
+
+/// `network:` link emulation (architecture.md §5); off unless `emulate: true`.
+struct NetworkConfig {
+  bool emulate = false;
+  double intra_node_gbps = 0.0;        // GB/s per link inside a node
+  double inter_node_gbps = 0.0;        // GB/s per link between nodes
+  double intra_node_latency_us = 0.0;  // microseconds
+  double inter_node_latency_us = 0.0;  // microseconds
+  template <class V> void visit(V&& v);
+};
+
+/// `log:` progress lines and the HDF5 results file.
+struct LogConfig {
+  std::string dir = "results";   // results/<run_name>.h5
+  std::string run_name = "";     // "" = config file stem
+  int64_t interval = 10;         // steps between progress lines and HDF5 flushes
+  std::string level = "info";    // spdlog level: debug | info | warn
+  template <class V> void visit(V&& v);
+};
+
+/// `checkpoint:` periodic, atomic checkpoints (model, optimizer, RNG, data position, step).
+struct CheckpointConfig {
+  std::string dir = "";    // "" = results/ckpt/<run_name>
+  int64_t interval = 0;    // steps between checkpoints; 0 = none (a final one is still written
+                           // when `save_final` is true)
+  bool save_final = false; // write a checkpoint after the last step
+  int64_t keep = 2;        // most recent checkpoints kept on disk; 0 = keep all
+  template <class V> void visit(V&& v);
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainConfig train;
+  DataConfig data;
+  CompressionConfig compression;
+  NetworkConfig network;
+  LogConfig log;
+  CheckpointConfig checkpoint;
+  std::string source_path;  // the YAML file this came from ("" = defaults only)
+
+  /// Cross-field rules for a run on `world_size` ranks. Throws ConfigError naming key, value,
+  /// rule and fix. Call once the vocabulary is known (after `resolve_vocab`).
+  void validate(int64_t world_size = 1) const;
+  /// Micro-batches per step and per data-parallel replica: B / (b * dp).
+  int64_t num_micro_batches() const;
+  /// Vocabulary padded to a multiple of vocab_divisor * tp (BR-15).
+  int64_t padded_vocab_size() const;
+  std::string run_name() const;
+  std::string checkpoint_dir() const;
+};
+
+/// Loads `path` over the defaults, then applies `overrides` ("section.key=value", in order).
+/// Throws ConfigError (unknown key, wrong type, unreadable file) before any work starts.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+/// Applies one "section.key=value" override in place.
+void apply_override(Config& cfg, const std::string& assignment);
+/// The effective config as YAML text (all sections, all keys).
+std::string to_yaml(const Config& cfg);
+/// If model.vocab_size is 0, reads it from <data.prefix>.json; throws ConfigError if unavailable.
+void resolve_vocab(Config& cfg);
+
+}  // namespace optcc
+
+#include "harness/config_fields.h"

@@ -1,0 +1,309 @@
+// YAML <-> Config: strict loading (unknown keys and wrong types are errors), overrides, output.
+#include <yaml-cpp/yaml.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "harness/config.h"
+#include "models/presets.h"
+
+namespace optcc {
+namespace {
+
+template <class T> const char* type_name();
+template <> const char* type_name<int64_t>() { return "an integer"; }
+template <> const char* type_name<double>() { return "a number"; }
+template <> const char* type_name<bool>() { return "a boolean (true/false)"; }
+template <> const char* type_name<std::string>() { return "a string"; }
+template <> const char* type_name<std::vector<std::string>>() { return "a list of strings"; }
+template <> const char* type_name<std::vector<int64_t>>() { return "a list of integers"; }
+
+std::string format_value(const std::string& v) { return v; }
+std::string format_value(int64_t v) { return std::to_string(v); }
+std::string format_value(double v) { return fmt::format("{}", v); }
+std::string format_value(bool v) { return v ? "true" : "false"; }
+template <class T> std::string format_value(const std::vector<T>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + format_value(v[i]);
+  return out + "]";
+}
+
+std::string node_text(const YAML::Node& n) {
+  if (!n.IsDefined() || n.IsNull()) return "(empty)";
+  if (n.IsScalar()) return "'" + n.Scalar() + "'";
+  YAML::Emitter e;
+  e << YAML::Flow << n;
+  return e.c_str();
+}
+
+// Parses `n` into `out` or returns false. Strict: 1.5 is not an integer, "yes" is not a number.
+bool parse(const YAML::Node& n, std::string& out) {
+  if (n.IsNull()) { out.clear(); return true; }
+  if (!n.IsScalar()) return false;
+  out = n.Scalar();
+  return true;
+}
+bool parse(const YAML::Node& n, int64_t& out) {
+  if (!n.IsScalar()) return false;
+  try { out = n.as<int64_t>(); return true; } catch (const YAML::Exception&) { return false; }
+}
+bool parse(const YAML::Node& n, double& out) {
+  if (!n.IsScalar()) return false;
+  try { out = n.as<double>(); return true; } catch (const YAML::Exception&) { return false; }
+}
+bool parse(const YAML::Node& n, bool& out) {
+  if (!n.IsScalar()) return false;
+  const std::string& s = n.Scalar();
+  if (s == "true" || s == "True") { out = true; return true; }
+  if (s == "false" || s == "False") { out = false; return true; }
+  return false;
+}
+template <class T> bool parse(const YAML::Node& n, std::vector<T>& out) {
+  if (n.IsNull()) { out.clear(); return true; }
+  if (!n.IsSequence()) return false;
+  std::vector<T> tmp(n.size());
+  for (size_t i = 0; i < n.size(); ++i) {
+    if (!n[i].IsScalar() || !parse(n[i], tmp[i])) return false;
+  }
+  out = std::move(tmp);
+  return true;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t prev = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      size_t cur = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, prev + (a[i - 1] != b[j - 1])});
+      prev = cur;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string suggestion(const std::string& key, const std::vector<std::string>& known) {
+  std::string best;
+  size_t best_d = 4;
+  for (const auto& k : known) {
+    size_t d = edit_distance(key, k);
+    if (d < best_d) { best_d = d; best = k; }
+  }
+  return best.empty() ? "" : fmt::format(" (did you mean '{}'?)", best);
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+template <class S> std::vector<std::string> keys_of(S& section) {
+  std::vector<std::string> keys;
+  section.visit([&](const char* k, auto&) { keys.emplace_back(k); });
+  return keys;
+}
+
+std::vector<std::string> section_names(Config& c) {
+  std::vector<std::string> names;
+  for_each_section(c, [&](const char* name, auto&) { names.emplace_back(name); });
+  return names;
+}
+
+// Sets `section.key` from node `n`; `where` says where the value came from (file or --set).
+template <class S>
+void set_field(S& section, const std::string& sec, const std::string& key, const YAML::Node& n,
+               const std::string& where) {
+  bool found = false;
+  section.visit([&](const char* k, auto& field) {
+    if (key != k) return;
+    found = true;
+    using T = std::decay_t<decltype(field)>;
+    if (!parse(n, field)) {
+      throw ConfigError(fmt::format(
+          "config error ({}): {}.{} = {} is not {}; the current value is {}. Fix: give {}, "
+          "e.g. `{}: {}`.",
+          where, sec, key, node_text(n), type_name<T>(), format_value(T{field}), type_name<T>(), key,
+          format_value(T{field})));
+    }
+  });
+  if (!found) {
+    auto known = keys_of(section);
+    throw ConfigError(fmt::format(
+        "config error ({}): unknown key '{}.{}'{}. Known keys in '{}': {}. Fix: remove or rename it.",
+        where, sec, key, suggestion(key, known), sec, join(known)));
+  }
+}
+
+void apply_preset(Config& cfg, const std::string& name, const std::string& where) {
+  const ModelPreset* p = find_model_preset(name);
+  if (!p) {
+    throw ConfigError(fmt::format(
+        "config error ({}): model.preset = '{}' is not a known preset. Known presets: {}. Fix: "
+        "pick one of them, or set model.num_layers/hidden_size/num_heads/seq_len explicitly on "
+        "top of the closest preset.",
+        where, name, model_preset_names()));
+  }
+  cfg.model.preset = p->name;
+  cfg.model.num_layers = p->num_layers;
+  cfg.model.hidden_size = p->hidden_size;
+  cfg.model.num_heads = p->num_heads;
+  cfg.model.seq_len = p->seq_len;
+}
+
+// Dispatches "section", "key", node to the right struct.
+void set_key(Config& cfg, const std::string& sec, const std::string& key, const YAML::Node& n,
+             const std::string& where) {
+  bool found = false;
+  for_each_section(cfg, [&](const char* name, auto& section) {
+    if (sec != name) return;
+    found = true;
+    if (sec == "model" && key == "preset") {
+      std::string preset;
+      if (!parse(n, preset)) set_field(section, sec, key, n, where);  // throws the type error
+      apply_preset(cfg, preset, where);
+      return;
+    }
+    set_field(section, sec, key, n, where);
+  });
+  if (!found) {
+    auto known = section_names(cfg);
+    throw ConfigError(fmt::format(
+        "config error ({}): unknown section '{}'{}. Known sections: {}. Fix: remove or rename it.",
+        where, sec, suggestion(sec, known), join(known)));
+  }
+}
+
+void apply_document(Config& cfg, const YAML::Node& root, const std::string& where) {
+  if (root.IsNull()) return;
+  if (!root.IsMap()) {
+    throw ConfigError(fmt::format("config error ({}): the top level must be a mapping of "
+                                  "sections (model:, train:, ...), found {}.",
+                                  where, node_text(root)));
+  }
+  for (const auto& sec : root) {
+    const std::string sec_name = sec.first.as<std::string>();
+    const YAML::Node& body = sec.second;
+    if (body.IsNull()) continue;
+    if (!body.IsMap()) {
+      throw ConfigError(fmt::format(
+          "config error ({}): section '{}' must be a mapping of key: value, found {}.", where,
+          sec_name, node_text(body)));
+    }
+    // The preset goes first so explicit sizes in the same section override it.
+    if (sec_name == "model" && body["preset"]) set_key(cfg, "model", "preset", body["preset"], where);
+    for (const auto& kv : body) {
+      const std::string key = kv.first.as<std::string>();
+      if (sec_name == "model" && key == "preset") continue;
+      set_key(cfg, sec_name, key, kv.second, where);
+    }
+  }
+}
+
+}  // namespace
+
+void apply_override(Config& cfg, const std::string& assignment) {
+  const auto eq = assignment.find('=');
+  const auto dot = assignment.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq) {
+    throw ConfigError(fmt::format(
+        "config error (--set): '{}' is not of the form section.key=value. Fix: e.g. "
+        "--set train.lr=3e-4",
+        assignment));
+  }
+  const std::string sec = assignment.substr(0, dot);
+  const std::string key = assignment.substr(dot + 1, eq - dot - 1);
+  const std::string text = assignment.substr(eq + 1);
+  YAML::Node n;
+  try {
+    n = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("config error (--set {}): value '{}' is not valid YAML: {}",
+                                  assignment, text, e.what()));
+  }
+  set_key(cfg, sec, key, n, "--set " + assignment);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config cfg;
+  if (!path.empty()) {
+    if (!std::filesystem::exists(path)) {
+      throw ConfigError(fmt::format("config error: file '{}' does not exist. Fix: pass one of "
+                                    "experiments/*.yaml to --config.",
+                                    path));
+    }
+    YAML::Node root;
+    try {
+      root = YAML::LoadFile(path);
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(fmt::format("config error: {} is not valid YAML: {}", path, e.what()));
+    }
+    apply_document(cfg, root, path);
+    cfg.source_path = path;
+  }
+  for (const auto& o : overrides) apply_override(cfg, o);
+  return cfg;
+}
+
+std::string to_yaml(const Config& const_cfg) {
+  Config cfg = const_cfg;  // visit() is non-const by design; copy is cheap
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for_each_section(cfg, [&](const char* name, auto& section) {
+    out << YAML::Key << name << YAML::Value << YAML::BeginMap;
+    section.visit([&](const char* key, auto& field) {
+      using T = std::decay_t<decltype(field)>;
+      out << YAML::Key << key << YAML::Value;
+      if constexpr (std::is_same_v<T, std::vector<std::string>> ||
+                    std::is_same_v<T, std::vector<int64_t>>) {
+        out << YAML::Flow << YAML::BeginSeq;
+        for (const auto& x : field) out << x;
+        out << YAML::EndSeq;
+      } else if constexpr (std::is_same_v<T, std::string>) {
+        out << YAML::DoubleQuoted << field;
+      } else if constexpr (std::is_same_v<T, double>) {
+        std::string s = fmt::format("{}", field);
+        if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos &&
+            s.find("nan") == std::string::npos) {
+          s += ".0";  // keep it a float on reload
+        }
+        out << s;
+      } else {
+        out << field;
+      }
+    });
+    out << YAML::EndMap;
+  });
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+void resolve_vocab(Config& cfg) {
+  if (cfg.model.vocab_size > 0) return;
+  const std::string meta = cfg.data.prefix + ".json";
+  std::ifstream in(meta);
+  if (!in) {
+    throw ConfigError(fmt::format(
+        "config error: model.vocab_size = 0 means 'take it from the dataset', but {} does not "
+        "exist. Fix: run `optcc data fetch` and `optcc data prepare --config {}` first, or set "
+        "model.vocab_size explicitly.",
+        meta, cfg.source_path.empty() ? "<config>" : cfg.source_path));
+  }
+  try {
+    auto j = nlohmann::json::parse(in);
+    cfg.model.vocab_size = j.at("vocab_size").get<int64_t>();
+  } catch (const std::exception& e) {
+    throw ConfigError(fmt::format("config error: cannot read vocab_size from {}: {}. Fix: re-run "
+                                  "`optcc data prepare`.",
+                                  meta, e.what()));
+  }
+}
+
+}  // namespace optcc

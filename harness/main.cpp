@@ -1,0 +1,158 @@
+// optcc: the command-line entry point.
+//
+//   optcc train --config experiments/demo.yaml [--set section.key=value ...] [--resume [DIR]]
+//   optcc data fetch|prepare|info --config experiments/demo.yaml
+//   optcc bench step --config experiments/demo.yaml [--steps 10] [--threads 1]
+//   optcc config show --config experiments/demo.yaml [--set ...]
+#include <CLI/CLI.hpp>
+#include <spawn.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "harness/bench.h"
+#include "harness/config.h"
+#include "harness/trainer.h"
+
+extern char** environ;
+
+namespace optcc {
+namespace {
+namespace fs = std::filesystem;
+
+std::string command_line(int argc, char** argv) {
+  std::string out;
+  for (int i = 0; i < argc; ++i) out += (i ? " " : "") + std::string(argv[i]);
+  return out;
+}
+
+// Runs the sibling `optcc-data` tool (SentencePiece lives there, never in this process).
+int run_data_tool(const std::vector<std::string>& args) {
+  const fs::path self = fs::read_symlink("/proc/self/exe");
+  const fs::path tool = self.parent_path() / "optcc-data";
+  if (!fs::exists(tool)) {
+    throw std::runtime_error(fmt::format("{} is missing: build it with `make build`", tool.string()));
+  }
+  std::vector<std::string> argv_s = {tool.string()};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : argv_s) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  spdlog::info("running: {}", fmt::join(argv_s, " "));
+  pid_t pid = 0;
+  if (posix_spawn(&pid, tool.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+    throw std::runtime_error("cannot start " + tool.string());
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+bool is_builtin_source(const std::string& s) { return s == "nlp-corpus" || s == "brown"; }
+
+int data_command(const std::string& action, const Config& cfg) {
+  std::vector<std::string> args = {action};
+  if (action == "fetch") {
+    args.insert(args.end(), {"--data-dir", cfg.data.dir});
+    for (const auto& s : cfg.data.sources) {
+      if (is_builtin_source(s)) args.insert(args.end(), {"--source", s});
+    }
+  } else if (action == "prepare") {
+    for (const auto& s : cfg.data.sources) {
+      args.insert(args.end(), {"--input", is_builtin_source(s)
+                                              ? (fs::path(cfg.data.dir) / "corpus" / (s + ".jsonl")).string()
+                                              : s});
+    }
+    args.insert(args.end(), {"--output-prefix", cfg.data.prefix, "--vocab-size",
+                             std::to_string(cfg.data.vocab_size), "--model-type",
+                             cfg.data.tokenizer_type, "--seed", std::to_string(cfg.train.seed)});
+  } else {
+    args.insert(args.end(), {"--prefix", cfg.data.prefix});
+  }
+  return run_data_tool(args);
+}
+
+}  // namespace
+}  // namespace optcc
+
+int main(int argc, char** argv) {
+  using namespace optcc;
+  CLI::App app{"optcc: communication-compressed 3D-parallel GPT training (Optimus-CC and beyond)"};
+  app.require_subcommand(1);
+  std::string config_path;
+  std::vector<std::string> overrides;
+  auto add_config = [&](CLI::App* sub) {
+    sub->add_option("--config,-c", config_path, "experiment YAML (experiments/*.yaml)")->required();
+    sub->add_option("--set", overrides, "override: section.key=value (repeatable)");
+  };
+
+  auto* train = app.add_subcommand("train", "train a GPT model as the config describes");
+  add_config(train);
+  std::string resume;
+  auto* resume_opt = train->add_option("--resume", resume,
+                                       "resume from a checkpoint dir (default: the config's checkpoint.dir)")
+                         ->expected(0, 1);
+
+  auto* data = app.add_subcommand("data", "fetch the corpus, prepare the tokenizer and indexed dataset");
+  data->require_subcommand(1);
+  std::string data_action;
+  for (const char* name : {"fetch", "prepare", "info"}) {
+    auto* sub = data->add_subcommand(name, std::string("optcc-data ") + name + " with the config's data section");
+    add_config(sub);
+    sub->callback([&data_action, name] { data_action = name; });
+  }
+
+  auto* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  auto* bench_step_cmd = bench->add_subcommand("step", "time the training step; compare with fp32 GEMM speed");
+  add_config(bench_step_cmd);
+  int64_t bench_steps = 10, bench_warmup = 2, bench_threads = 1;
+  bench_step_cmd->add_option("--steps", bench_steps, "timed steps (median reported)");
+  bench_step_cmd->add_option("--warmup", bench_warmup, "untimed steps first");
+  bench_step_cmd->add_option("--threads", bench_threads, "intra-op threads (0 = config's)");
+
+  auto* config_cmd = app.add_subcommand("config", "configuration");
+  config_cmd->require_subcommand(1);
+  auto* show = config_cmd->add_subcommand("show", "print the effective config after presets and --set");
+  add_config(show);
+
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    Config cfg = load_config(config_path, overrides);
+    if (train->parsed()) {
+      TrainOptions opts;
+      opts.command_line = command_line(argc, argv);
+      if (resume_opt->count() > 0) opts.resume = resume.empty() ? cfg.checkpoint_dir() : resume;
+      TrainSummary s = run_training(cfg, opts);
+      spdlog::info("done: steps {}..{}, results in {}", s.first_step, s.last_step, s.results_path);
+      return 0;
+    }
+    if (data->parsed()) return data_command(data_action, cfg);
+    if (bench_step_cmd->parsed()) {
+      auto r = bench_step(cfg, bench_steps, bench_warmup, bench_threads);
+      std::cout << fmt::format(
+          "bench step: preset={} L={} h={} s={} B={} threads={}\n"
+          "  step {:.1f} ms | {:.0f} tokens/s | model {:.1f} GFLOP/s | fp32 GEMM {:.1f} GFLOP/s | "
+          "ratio {:.2f}\n",
+          cfg.model.preset, cfg.model.num_layers, cfg.model.hidden_size, cfg.model.seq_len,
+          cfg.train.global_batch_size, r.threads, r.step_seconds * 1e3, r.tokens_per_second,
+          r.model_gflops, r.gemm_gflops, r.ratio);
+      return 0;
+    }
+    if (show->parsed()) {
+      std::cout << to_yaml(cfg);
+      return 0;
+    }
+  } catch (const ConfigError& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

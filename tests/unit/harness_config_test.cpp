@@ -1,0 +1,187 @@
+// Config loading and validation: every error names the key, the value, the rule and the fix.
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "harness/config.h"
+#include "tests/support/synthetic_corpus.h"
+
+namespace optcc {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string write_yaml(const testing::TempDir& dir, const std::string& text) {
+  const std::string path = dir / "exp.yaml";
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string load_error(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  testing::TempDir dir;
+  try {
+    load_config(write_yaml(dir, yaml), sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string validate_error(Config c, int64_t world = 1) {
+  try {
+    c.validate(world);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, DefaultsAreValid) {
+  Config c;
+  c.model.vocab_size = 100;
+  EXPECT_EQ(validate_error(c), "");
+  EXPECT_EQ(c.num_micro_batches(), 2);  // 8 / (4 * 1)
+}
+
+TEST(Config, UnknownKeyNamesKeySuggestionAndKnownKeys) {
+  auto msg = load_error("train:\n  warmup_step: 5\n");
+  EXPECT_THAT(msg, HasSubstr("unknown key 'train.warmup_step'"));
+  EXPECT_THAT(msg, HasSubstr("did you mean 'warmup_steps'?"));
+  EXPECT_THAT(msg, HasSubstr("Known keys in 'train': micro_batch_size"));
+  EXPECT_THAT(msg, HasSubstr("exp.yaml"));
+}
+
+TEST(Config, UnknownSectionListsSections) {
+  auto msg = load_error("trian:\n  lr: 0.1\n");
+  EXPECT_THAT(msg, HasSubstr("unknown section 'trian' (did you mean 'train'?)"));
+  EXPECT_THAT(msg, HasSubstr("model, parallel, train, data, compression, network, log, checkpoint"));
+}
+
+TEST(Config, WrongTypeInFileAndInOverride) {
+  auto msg = load_error("train:\n  lr: fast\n");
+  EXPECT_THAT(msg, HasSubstr("train.lr = 'fast' is not a number"));
+  EXPECT_THAT(msg, HasSubstr("current value is 0.001"));
+  msg = load_error("", {"train.train_steps=1.5"});
+  EXPECT_THAT(msg, HasSubstr("--set train.train_steps=1.5"));
+  EXPECT_THAT(msg, HasSubstr("train.train_steps = '1.5' is not an integer"));
+  msg = load_error("", {"network.emulate=1"});
+  EXPECT_THAT(msg, HasSubstr("is not a boolean"));
+  msg = load_error("data:\n  sources: brown\n");
+  EXPECT_THAT(msg, HasSubstr("data.sources = 'brown' is not a list of strings"));
+}
+
+TEST(Config, MalformedOverride) {
+  auto msg = load_error("", {"lr=0.1"});
+  EXPECT_THAT(msg, HasSubstr("'lr=0.1' is not of the form section.key=value"));
+}
+
+TEST(Config, OverridesKeepTypesAndApplyInOrder) {
+  testing::TempDir dir;
+  auto c = load_config(write_yaml(dir, "train:\n  lr: 0.01\n"), {"train.lr=2e-4", "data.split=98,2,0",
+                                                                  "parallel.stage_layers=[1, 1]"});
+  EXPECT_DOUBLE_EQ(c.train.lr, 2e-4);
+  EXPECT_EQ(c.data.split, "98,2,0");
+  EXPECT_EQ(c.parallel.stage_layers, (std::vector<int64_t>{1, 1}));
+}
+
+TEST(Config, PresetFirstThenExplicitKeys) {
+  auto path_text = "model:\n  num_layers: 3\n  preset: mini\n";
+  testing::TempDir dir;
+  auto c = load_config(write_yaml(dir, path_text));
+  EXPECT_EQ(c.model.preset, "mini");
+  EXPECT_EQ(c.model.hidden_size, 256);
+  EXPECT_EQ(c.model.num_layers, 3);  // explicit key wins over the preset, whatever the order
+  EXPECT_THAT(load_error("model:\n  preset: huge\n"),
+              HasSubstr("model.preset = 'huge' is not a known preset. Known presets: tiny, mini"));
+}
+
+TEST(Config, BatchRuleNamesValuesAndFix) {
+  Config c;
+  c.model.vocab_size = 100;
+  c.train.global_batch_size = 10;
+  auto msg = validate_error(c);
+  EXPECT_THAT(msg, HasSubstr("train.global_batch_size = 10"));
+  EXPECT_THAT(msg, HasSubstr("must be a multiple of micro_batch_size * dp = 4 * 1 = 4"));
+  EXPECT_THAT(msg, HasSubstr("set it to 8 or 12"));
+}
+
+TEST(Config, HeadsDivisibleByTensorParallel) {  // BR-16
+  Config c;
+  c.model.vocab_size = 100;
+  c.model.num_heads = 12;
+  c.model.hidden_size = 96;
+  c.parallel.tp = 8;
+  c.train.global_batch_size = 4;
+  auto msg = validate_error(c, 8);
+  EXPECT_THAT(msg, HasSubstr("model.num_heads = 12: must be divisible by parallel.tp = 8"));
+  EXPECT_THAT(msg, HasSubstr("1, 2, 3, 4, 6, 12"));
+  c.model.num_heads = 24;  // the Optimus-CC 2.5B control: 3 heads per rank
+  c.model.hidden_size = 1920;
+  EXPECT_EQ(validate_error(c, 8), "");
+}
+
+TEST(Config, LayersOverStages) {  // BR-14
+  Config c;
+  c.model.vocab_size = 100;
+  c.model.num_layers = 30;
+  c.parallel.pp = 4;
+  auto msg = validate_error(c, 4);
+  EXPECT_THAT(msg, HasSubstr("model.num_layers = 30: is not divisible by parallel.pp = 4"));
+  EXPECT_THAT(msg, HasSubstr("parallel.stage_layers"));
+  c.parallel.stage_layers = {8, 8, 7, 6};
+  EXPECT_THAT(validate_error(c, 4), HasSubstr("sum 29: must add up to model.num_layers = 30"));
+  c.parallel.stage_layers = {8, 8, 7, 7};
+  EXPECT_EQ(validate_error(c, 4), "");
+  c.model.num_layers = 52;  // 2.5B on 4 stages, even split
+  c.parallel.stage_layers.clear();
+  EXPECT_EQ(validate_error(c, 4), "");
+}
+
+TEST(Config, WorldSizeMustMatchLayout) {
+  Config c;
+  c.model.vocab_size = 100;
+  c.parallel.tp = 2;
+  EXPECT_THAT(validate_error(c, 1), HasSubstr("parallel.tp*pp*dp = 2*1*1 = 2: must equal the number of ranks, 1"));
+}
+
+TEST(Config, VocabPaddingToDivisorTimesTp) {  // BR-15
+  Config c;
+  c.model.vocab_size = 50257;
+  EXPECT_EQ(c.padded_vocab_size(), 50304);
+  c.parallel.tp = 8;
+  EXPECT_EQ(c.padded_vocab_size(), 51200);
+  c.parallel.tp = 2;
+  EXPECT_EQ(c.padded_vocab_size(), 50432);
+}
+
+TEST(Config, EffectiveYamlRoundTrips) {
+  testing::TempDir dir;
+  auto c = load_config(write_yaml(dir, "model:\n  preset: mini\ntrain:\n  lr: 0.0003\n  seed: 7\n"));
+  const std::string yaml = to_yaml(c);
+  const std::string path = dir / "effective.yaml";
+  std::ofstream(path) << yaml;
+  auto c2 = load_config(path);
+  EXPECT_EQ(to_yaml(c2), yaml);
+  EXPECT_DOUBLE_EQ(c2.train.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c2.model.hidden_dropout, 0.1);
+}
+
+TEST(Config, VocabFromDatasetOrClearError) {
+  testing::TempDir dir;
+  Config c;
+  c.data.prefix = dir / "missing";
+  try {
+    resolve_vocab(c);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(std::string(e.what()), HasSubstr("missing.json does not exist"));
+    EXPECT_THAT(std::string(e.what()), HasSubstr("optcc data prepare"));
+  }
+  c.data.prefix = dir / "corpus";
+  testing::write_synthetic_corpus(c.data.prefix, 96, 4);
+  resolve_vocab(c);
+  EXPECT_EQ(c.model.vocab_size, 96);
+}
+
+}  // namespace
+}  // namespace optcc

@@ -1,0 +1,129 @@
+// GPT model: shapes, tied embedding, padded vocabulary, causality, init, FLOP count.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "models/gpt.h"
+#include "models/presets.h"
+
+namespace optcc {
+namespace {
+
+GptOptions tiny(int64_t vocab = 100, int64_t padded = 128) {
+  GptOptions o;
+  o.num_layers = 2;
+  o.hidden_size = 32;
+  o.num_heads = 4;
+  o.seq_len = 16;
+  o.max_positions = 16;
+  o.vocab_size = vocab;
+  o.padded_vocab_size = padded;
+  o.seed = 5;
+  return o;
+}
+
+TEST(Gpt, ForwardShapesSequenceFirst) {
+  GptModel m(tiny());
+  auto tokens = torch::randint(0, 100, {3, 16}, torch::kLong);
+  auto logits = m->forward(tokens);
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{16, 3, 100}));  // [s, b, V], padded rows excluded
+  EXPECT_EQ(logits.scalar_type(), torch::kFloat);
+  auto shorter = m->forward(tokens.narrow(1, 0, 5));
+  EXPECT_EQ(shorter.sizes(), (std::vector<int64_t>{5, 3, 100}));
+}
+
+TEST(Gpt, ParameterShapesAndCount) {
+  auto o = tiny();
+  GptModel m(o);
+  auto params = m->named_parameters();
+  EXPECT_EQ(params["word_embedding"].sizes(), (std::vector<int64_t>{128, 32}));
+  EXPECT_EQ(params["position_embedding"].sizes(), (std::vector<int64_t>{16, 32}));
+  EXPECT_EQ(params["blocks.0.attn.qkv.weight"].sizes(), (std::vector<int64_t>{96, 32}));
+  EXPECT_EQ(params["blocks.1.mlp.fc1.weight"].sizes(), (std::vector<int64_t>{128, 32}));
+  EXPECT_EQ(params["blocks.1.mlp.fc2.weight"].sizes(), (std::vector<int64_t>{32, 128}));
+  // Closed form: embeddings + L * (12h^2 + 13h) + final LN 2h.
+  const int64_t h = 32, L = 2;
+  EXPECT_EQ(count_parameters(m), 128 * h + 16 * h + L * (12 * h * h + 13 * h) + 2 * h);
+  for (const auto& p : params) EXPECT_EQ(p.key().find("lm_head"), std::string::npos) << "untied output layer";
+}
+
+TEST(Gpt, TiedEmbeddingGetsOutputGradientAndPaddingNone) {
+  GptModel m(tiny());
+  // Inputs use tokens 0..4 only; labels too. Rows 5..99 are never looked up as inputs, so any
+  // gradient they get comes from the (tied) output layer's softmax. Padded rows 100..127 get none.
+  auto samples = torch::randint(0, 5, {2, 17}, torch::kLong);
+  m->loss(samples).backward();
+  auto g = m->word_embedding.grad();
+  ASSERT_TRUE(g.defined());
+  EXPECT_GT(g.narrow(0, 5, 95).abs().sum().item<double>(), 0.0);
+  EXPECT_EQ(g.narrow(0, 100, 28).abs().sum().item<double>(), 0.0);
+}
+
+TEST(Gpt, InitialLossNearLogVocab) {
+  GptModel m(tiny(1000, 1024));
+  m->eval();
+  torch::NoGradGuard ng;
+  auto loss = m->loss(torch::randint(0, 1000, {4, 17}, torch::kLong)).item<double>();
+  EXPECT_NEAR(loss, std::log(1000.0), 0.1);
+}
+
+TEST(Gpt, CausalFutureTokensDoNotChangeEarlierLogits) {
+  GptModel m(tiny());
+  m->eval();
+  torch::NoGradGuard ng;
+  auto a = torch::randint(0, 100, {1, 16}, torch::kLong);
+  auto b = a.clone();
+  b[0][10] = (a[0][10].item<int64_t>() + 1) % 100;
+  auto la = m->forward(a), lb = m->forward(b);
+  EXPECT_TRUE(torch::equal(la.narrow(0, 0, 10), lb.narrow(0, 0, 10)));
+  EXPECT_FALSE(torch::allclose(la.narrow(0, 10, 6), lb.narrow(0, 10, 6)));
+}
+
+TEST(Gpt, InitDeterministicAndScaled) {
+  GptModel a(tiny()), b(tiny());
+  auto o = tiny();
+  o.seed = 6;
+  GptModel c(o);
+  auto pa = a->named_parameters(), pb = b->named_parameters(), pc = c->named_parameters();
+  for (const auto& p : pa) EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << p.key();
+  EXPECT_FALSE(torch::equal(pa["word_embedding"], pc["word_embedding"]));
+  // Residual output projections use std / sqrt(2L) = 0.02 / 2 = 0.01 (L = 2).
+  EXPECT_NEAR(pa["blocks.0.mlp.fc2.weight"].std().item<double>(), 0.01, 0.001);
+  EXPECT_NEAR(pa["blocks.0.mlp.fc1.weight"].std().item<double>(), 0.02, 0.002);
+  EXPECT_EQ(pa["blocks.0.mlp.fc1.bias"].abs().sum().item<double>(), 0.0);
+}
+
+TEST(Gpt, NoDecayNames) {
+  EXPECT_TRUE(is_no_decay_parameter("blocks.0.attn.qkv.bias"));
+  EXPECT_TRUE(is_no_decay_parameter("blocks.0.ln1.weight"));
+  EXPECT_TRUE(is_no_decay_parameter("final_ln.weight"));
+  EXPECT_FALSE(is_no_decay_parameter("blocks.0.attn.qkv.weight"));
+  EXPECT_FALSE(is_no_decay_parameter("word_embedding"));
+}
+
+TEST(Gpt, TrainFlopsClosedForm) {
+  // Megatron: 72 B s L h^2 (1 + s/(6h) + V/(12 L h)).
+  GptOptions o;
+  o.num_layers = 24;
+  o.hidden_size = 1024;
+  o.seq_len = 1024;
+  o.vocab_size = 51200;
+  const double B = 512, s = 1024, L = 24, h = 1024, V = 51200;
+  const double megatron = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h));
+  EXPECT_NEAR(gpt_train_flops(o, 512) / megatron, 1.0, 1e-12);
+}
+
+TEST(Presets, PaperSizes) {
+  auto* p = find_model_preset("gpt-2.5b");
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->num_layers, 52);
+  EXPECT_EQ(p->hidden_size, 1920);
+  EXPECT_EQ(p->num_heads, 24);
+  EXPECT_EQ(find_model_preset("gpt-8.3b")->hidden_size, 3072);
+  EXPECT_EQ(find_model_preset("gpt-175b")->seq_len, 2048);
+  EXPECT_EQ(find_model_preset("nope"), nullptr);
+}
+
+}  // namespace
+}  // namespace optcc
