@@ -4,6 +4,8 @@ JOBS    ?= $(shell nproc)
 CONFIG  ?= experiments/demo.yaml
 OPTCC   := $(BUILD)/optcc
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# Debian's python3 has h5py; a pyenv/conda python3 earlier on PATH may not.
+PYTHON  ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 
 .PHONY: all deps configure build data demo test test-fast bench clean
 
@@ -26,7 +28,7 @@ data: build
 # The main job on the embedded default: real corpus, local CPU.
 demo: data
 	$(OPTCC) train --config $(CONFIG)
-	python3 scripts/h5summary.py results/$(basename $(notdir $(CONFIG))).h5
+	$(PYTHON) scripts/h5summary.py results/$(basename $(notdir $(CONFIG))).h5
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

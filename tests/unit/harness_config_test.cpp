@@ -1,4 +1,5 @@
 // Config loading and validation: every error names the key, the value, the rule and the fix.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <fstream>

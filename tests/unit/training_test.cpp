@@ -1,5 +1,6 @@
 // Training end to end on a synthetic indexed dataset: loss falls, resume is bit-exact, the HDF5
 // file holds exactly the losses the loop saw, LR schedule values.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -11,6 +12,7 @@
 #include "harness/config.h"
 #include "harness/optimizer.h"
 #include "harness/trainer.h"
+#include "models/gpt.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {

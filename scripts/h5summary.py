@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Summarise an optcc results file (harness/metrics.h), also while its run is still writing it.
+
+  h5summary.py RUN.h5                      root attributes, then every series group: rows, unit, last values
+  h5summary.py RUN.h5 --series train/loss  one series, a row per line (with its group's step when it has one)
+  h5summary.py RUN.h5 --series train       the whole table, tab-separated, one column per dataset
+
+The file is opened with swmr=True, which reads a live run, a finished run and a run killed in the middle
+of a flush alike; a plain h5py.File(path, "r") also works for finished and killed runs.
+Needs h5py and numpy (Debian: apt install python3-h5py); run with /usr/bin/python3 if the python3 on
+PATH (pyenv, venv) lacks them.
+"""
+import argparse
+import sys
+
+try:
+    import h5py
+    import numpy as np
+except ImportError as e:
+    sys.exit(f"h5summary.py: {e}; install h5py (apt install python3-h5py) or run with /usr/bin/python3")
+
+
+def open_results(path):
+    try:
+        return h5py.File(path, "r", swmr=True)
+    except OSError:
+        return h5py.File(path, "r")  # not an SWMR-capable (v110) file: plain open
+
+
+def text(value):
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray) and value.ndim > 0:
+        return ", ".join(text(v) for v in value.tolist())
+    return str(value)
+
+
+def fmt(x, exact=False):
+    if isinstance(x, (float, np.floating)):
+        return repr(float(x)) if exact else f"{x:.6g}"
+    return str(x)
+
+
+def print_root(f, lines):
+    print(f"{f.filename}")
+    for name in sorted(f.attrs):
+        value = text(f.attrs[name]).rstrip("\n")
+        rows = value.split("\n")
+        if len(rows) == 1:
+            print(f"  @{name}: {value}")
+            continue
+        print(f"  @{name}: ({len(rows)} lines, {len(value)} chars)")
+        for row in rows[:lines]:
+            print(f"    | {row}")
+        if len(rows) > lines:
+            print(f"    | ... {len(rows) - lines} more lines")
+
+
+def column_order(group):
+    """Dataset names of a group in TableSpec order (the `columns` attribute), then any others."""
+    names = [n for n in group if isinstance(group[n], h5py.Dataset)]
+    listed = text(group.attrs["columns"]).split(",") if "columns" in group.attrs else []
+    return [n for n in listed if n in names] + sorted(n for n in names if n not in listed)
+
+
+def series_groups(f):
+    found = []
+
+    def visit(name, obj):
+        if isinstance(obj, h5py.Group) and column_order(obj):
+            found.append(name)
+
+    f.visititems(visit)
+    return sorted(found)
+
+
+def print_groups(f, last):
+    for name in series_groups(f):
+        group = f[name]
+        columns = column_order(group)
+        lengths = {len(group[c]) for c in columns}
+        rows = max(lengths)
+        note = "" if len(lengths) == 1 else f", column lengths differ: {sorted(lengths)}"
+        print(f"/{name}  ({rows} rows{note})")
+        width = max(len(c) for c in columns)
+        for c in columns:
+            ds = group[c]
+            unit = f"[{text(ds.attrs['unit'])}]" if text(ds.attrs.get("unit", "")) else ""
+            tail = " ".join(fmt(v) for v in ds[max(0, len(ds) - last):].tolist())
+            print(f"  {c:<{width}}  {str(ds.dtype):<7}  {unit:<8}  last: {tail}")
+
+
+def print_series(f, path):
+    if path not in f:
+        sys.exit(f"h5summary.py: no '{path}' in {f.filename}; series groups: {', '.join(series_groups(f))}")
+    obj = f[path]
+    if isinstance(obj, h5py.Group):
+        columns = column_order(obj)
+    else:
+        obj, columns = obj.parent, [obj.name.rsplit("/", 1)[1]]
+        if "step" in obj and columns != ["step"]:
+            columns = ["step"] + columns
+    data = [obj[c][:] for c in columns]
+    print("\t".join(columns))
+    for row in zip(*data):
+        print("\t".join(fmt(v, exact=True) for v in row))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("file", help="results file written by optcc (one per run)")
+    ap.add_argument("--series", help="a dataset (train/loss) or a group (train) to print in full")
+    ap.add_argument("--last", type=int, default=3, help="values shown per series in the summary (3)")
+    ap.add_argument("--lines", type=int, default=5, help="lines shown of multi-line attributes (5)")
+    args = ap.parse_args()
+    with open_results(args.file) as f:
+        if args.series:
+            print_series(f, args.series.strip("/"))
+        else:
+            print_root(f, args.lines)
+            print_groups(f, args.last)
+
+
+if __name__ == "__main__":
+    main()
