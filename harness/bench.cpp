@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "harness/optimizer.h"
+#include "harness/threads.h"
 #include "harness/trainer.h"
 #include "models/gpt.h"
 
@@ -49,7 +50,7 @@ StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t th
   cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
   StepBenchResult r;
   r.threads = threads > 0 ? threads : threads_for(cfg);
-  at::set_num_threads(static_cast<int>(r.threads));
+  set_cpu_threads(r.threads);
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
 
   GptOptions o;

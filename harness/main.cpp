@@ -15,6 +15,7 @@
 
 #include "harness/bench.h"
 #include "harness/config.h"
+#include "harness/threads.h"
 #include "harness/trainer.h"
 
 extern char** environ;
@@ -80,6 +81,7 @@ int data_command(const std::string& action, const Config& cfg) {
 
 int main(int argc, char** argv) {
   using namespace optcc;
+  ensure_passive_openmp(argv);
   CLI::App app{"optcc: communication-compressed 3D-parallel GPT training (Optimus-CC and beyond)"};
   app.require_subcommand(1);
   std::string config_path;

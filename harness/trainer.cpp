@@ -16,6 +16,7 @@
 #include "harness/metrics.h"
 #include "harness/optimizer.h"
 #include "harness/run_info.h"
+#include "harness/threads.h"
 #include "models/gpt.h"
 
 namespace optcc {
@@ -121,7 +122,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options) {
   resolve_vocab(cfg);
   cfg.validate(/*world_size=*/1);
   spdlog::set_level(spdlog::level::from_str(cfg.log.level));
-  at::set_num_threads(static_cast<int>(threads_for(cfg)));
+  set_cpu_threads(threads_for(cfg));
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
 
   RunData data = open_data(cfg);
