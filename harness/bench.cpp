@@ -53,16 +53,7 @@ StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t th
   set_cpu_threads(r.threads);
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
 
-  GptOptions o;
-  o.num_layers = cfg.model.num_layers;
-  o.hidden_size = cfg.model.hidden_size;
-  o.num_heads = cfg.model.num_heads;
-  o.seq_len = cfg.model.seq_len;
-  o.max_positions = std::max(cfg.model.max_position_embeddings, cfg.model.seq_len);
-  o.vocab_size = cfg.model.vocab_size;
-  o.padded_vocab_size = cfg.padded_vocab_size();
-  o.hidden_dropout = cfg.model.hidden_dropout;
-  o.attention_dropout = cfg.model.attention_dropout;
+  const GptOptions o = gpt_options(cfg);
   GptModel model(o);
   model->train();
   auto optimizer = make_adamw(*model, cfg.train);

@@ -26,21 +26,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-GptOptions gpt_options(const Config& c) {
-  GptOptions o;
-  o.num_layers = c.model.num_layers;
-  o.hidden_size = c.model.hidden_size;
-  o.num_heads = c.model.num_heads;
-  o.seq_len = c.model.seq_len;
-  o.max_positions = c.model.max_position_embeddings > 0 ? c.model.max_position_embeddings : c.model.seq_len;
-  o.vocab_size = c.model.vocab_size;
-  o.padded_vocab_size = c.padded_vocab_size();
-  o.hidden_dropout = c.model.hidden_dropout;
-  o.attention_dropout = c.model.attention_dropout;
-  o.init_std = c.model.init_std;
-  o.seed = static_cast<uint64_t>(c.train.seed);
-  return o;
-}
 
 std::string format_eta(double seconds) {
   const auto s = static_cast<int64_t>(std::max(0.0, seconds));
@@ -111,6 +96,22 @@ std::string results_path_for(const Config& c, int64_t first_step) {
 }
 
 }  // namespace
+
+GptOptions gpt_options(const Config& c) {
+  GptOptions o;
+  o.num_layers = c.model.num_layers;
+  o.hidden_size = c.model.hidden_size;
+  o.num_heads = c.model.num_heads;
+  o.seq_len = c.model.seq_len;
+  o.max_positions = c.model.max_position_embeddings > 0 ? c.model.max_position_embeddings : c.model.seq_len;
+  o.vocab_size = c.model.vocab_size;
+  o.padded_vocab_size = c.padded_vocab_size();
+  o.hidden_dropout = c.model.hidden_dropout;
+  o.attention_dropout = c.model.attention_dropout;
+  o.init_std = c.model.init_std;
+  o.seed = static_cast<uint64_t>(c.train.seed);
+  return o;
+}
 
 int64_t threads_for(const Config& cfg, int64_t local_ranks) {
   if (cfg.train.threads > 0) return cfg.train.threads;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "harness/config.h"
+#include "models/gpt.h"
 
 namespace optcc {
 
@@ -28,6 +29,9 @@ struct TrainSummary {
 /// Runs `cfg` (validated here; throws ConfigError before any work on bad input, and
 /// std::runtime_error on bad data files or a non-finite loss). Single rank: world size 1.
 TrainSummary run_training(Config cfg, const TrainOptions& options);
+
+/// The model options a validated config describes (vocab resolved; seed = train.seed).
+GptOptions gpt_options(const Config& cfg);
 
 /// Intra-op threads for this process: cfg.train.threads, or hardware threads / local_ranks.
 int64_t threads_for(const Config& cfg, int64_t local_ranks = 1);

@@ -1,0 +1,224 @@
+// Pipeline schedules as data: action lists, p2p plans, epilogue flags and the all-stage simulation.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "harness/schedule.h"
+
+namespace optcc {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::Contains;
+using ::testing::HasSubstr;
+
+std::string actions_of(const std::string& schedule, int stage, int stages, int m) {
+  return to_string(make_schedule(schedule)->actions(stage, stages, m));
+}
+
+std::string plan_of(const std::string& schedule, int stage, int stages, int m) {
+  return to_string(communication_plan(*make_schedule(schedule), stage, stages, m));
+}
+
+// Micro-batches whose gradient `stage` sends in a flush call (compressed under epilogue-only).
+std::vector<int> epilogue_sends(int stage, int stages, int m) {
+  OneFOneBSchedule s;
+  std::vector<int> out;
+  for (int mb = 0; mb < m; ++mb) {
+    if (backward_send_is_epilogue(s, stage, stages, m, mb)) out.push_back(mb);
+  }
+  return out;
+}
+
+std::vector<int> range(int first, int last) {  // [first, last)
+  std::vector<int> out;
+  for (int i = first; i < last; ++i) out.push_back(i);
+  return out;
+}
+
+// Every call of a plan in execution order, for breaking plans on purpose.
+std::vector<P2PCall*> calls_of(std::vector<StageStep>& plan) {
+  std::vector<P2PCall*> out;
+  for (StageStep& step : plan) {
+    for (P2PCall& c : step.before) out.push_back(&c);
+    for (P2PCall& c : step.after) out.push_back(&c);
+  }
+  return out;
+}
+
+std::vector<std::vector<StageStep>> plans_of(int stages, int m) {
+  std::vector<std::vector<StageStep>> plans;
+  for (int s = 0; s < stages; ++s) {
+    plans.push_back(communication_plan(OneFOneBSchedule(), s, stages, m));
+  }
+  return plans;
+}
+
+TEST(Schedule, EveryMicrobatchOnceForwardThenBackwardAndSimulationCompletes) {
+  for (const std::string name : {"1f1b", "gpipe"}) {
+    const auto schedule = make_schedule(name);
+    for (int stages = 1; stages <= 8; ++stages) {
+      for (int m = 1; m <= 16; ++m) {
+        SCOPED_TRACE(::testing::Message() << name << " stages=" << stages << " m=" << m);
+        for (int stage = 0; stage < stages; ++stage) {
+          const std::vector<PipeAction> acts = schedule->actions(stage, stages, m);
+          ASSERT_EQ(acts.size(), 2u * m);
+          std::vector<int> fwd_at(m, -1), bwd_at(m, -1);
+          for (int i = 0; i < static_cast<int>(acts.size()); ++i) {
+            int& at = (acts[i].op == PipeOp::kForward ? fwd_at : bwd_at)[acts[i].microbatch];
+            ASSERT_EQ(at, -1) << "duplicate " << to_string(acts);
+            at = i;
+          }
+          for (int mb = 0; mb < m; ++mb) ASSERT_LT(fwd_at[mb], bwd_at[mb]) << to_string(acts);
+          if (name == "1f1b") {
+            const auto warmup = std::count_if(acts.begin(), acts.end(), [](const PipeAction& a) {
+              return a.phase == PipePhase::kWarmup;
+            });
+            EXPECT_EQ(warmup, std::min(stages - stage - 1, m));
+          }
+          // The plan carries the same actions; each call has its step's phase.
+          const std::vector<StageStep> plan = communication_plan(*schedule, stage, stages, m);
+          ASSERT_EQ(plan.size(), acts.size());
+          for (size_t i = 0; i < plan.size(); ++i) {
+            EXPECT_EQ(plan[i].action, acts[i]);
+            for (const auto* calls : {&plan[i].before, &plan[i].after}) {
+              for (const P2PCall& c : *calls) EXPECT_EQ(c.phase, acts[i].phase);
+            }
+          }
+        }
+        const SimulationResult sim = simulate(*schedule, stages, m);
+        ASSERT_TRUE(sim.ok()) << sim.summary();
+        for (int stage = 0; stage < stages; ++stage) {
+          EXPECT_EQ(sim.peak_in_flight[stage], name == "1f1b" ? std::min(stages - stage, m) : m);
+        }
+      }
+    }
+  }
+}
+
+TEST(Schedule, OneFOneBActionsByHand) {
+  EXPECT_EQ(actions_of("1f1b", 0, 4, 6),
+            "warmup: F0 F1 F2 | steady: F3 B0 F4 B1 F5 B2 | cooldown: B3 B4 B5");
+  EXPECT_EQ(actions_of("1f1b", 2, 4, 6),
+            "warmup: F0 | steady: F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 | cooldown: B5");
+  EXPECT_EQ(actions_of("1f1b", 3, 4, 6), "steady: F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5");
+}
+
+TEST(Schedule, FewerMicrobatchesThanStages) {  // BR-12: warm-up is capped at m
+  EXPECT_EQ(actions_of("1f1b", 0, 4, 2), "warmup: F0 F1 | cooldown: B0 B1");
+  EXPECT_EQ(actions_of("1f1b", 1, 4, 2), "warmup: F0 F1 | cooldown: B0 B1");
+  EXPECT_EQ(actions_of("1f1b", 2, 4, 2), "warmup: F0 | steady: F1 B0 | cooldown: B1");
+  EXPECT_EQ(actions_of("1f1b", 3, 4, 2), "steady: F0 B0 F1 B1");
+  for (int stage = 0; stage < 3; ++stage) {
+    EXPECT_EQ(actions_of("1f1b", stage, 4, 1), "warmup: F0 | cooldown: B0");
+  }
+  EXPECT_EQ(actions_of("1f1b", 3, 4, 1), "steady: F0 B0");
+  EXPECT_EQ(plan_of("1f1b", 2, 4, 2),
+            "{rf0} F0 {sf0} | {rf1} F1 {sf1 rb0} | B0 {sb0}! | {rb1}! B1 {sb1}!");
+}
+
+TEST(Schedule, GPipeActionsAndPlanByHand) {
+  EXPECT_EQ(actions_of("gpipe", 1, 4, 3), "warmup: F0 F1 F2 | cooldown: B0 B1 B2");
+  EXPECT_EQ(plan_of("gpipe", 1, 3, 2),
+            "{rf0} F0 {sf0} | {rf1} F1 {sf1} | {rb0}! B0 {sb0}! | {rb1}! B1 {sb1}!");
+  EXPECT_EQ(plan_of("gpipe", 0, 1, 2), "F0 | F1 | B0 | B1");  // one stage: no communication
+}
+
+TEST(Schedule, OneFOneBPlanFollowsMegatronCalls) {
+  // Middle stage: warm-up recv/send, standalone recv before the steady state, fused exchanges,
+  // flush on the last steady send and all of the cool-down.
+  EXPECT_EQ(plan_of("1f1b", 1, 4, 3),
+            "{rf0} F0 {sf0} | {rf1} F1 {sf1} | {rf2} F2 {sf2 rb0} | B0 {sb0}! | "
+            "{rb1}! B1 {sb1}! | {rb2}! B2 {sb2}!");
+  // First stage: no previous stage, so SEND_BWD_RECV_FWD and every send_backward vanish.
+  EXPECT_EQ(plan_of("1f1b", 0, 4, 6),
+            "F0 {sf0} | F1 {sf1} | F2 {sf2} | F3 {sf3 rb0} | B0 | F4 {sf4 rb1} | B1 | "
+            "F5 {sf5 rb2} | B2 | {rb3}! B3 | {rb4}! B4 | {rb5}! B5");
+  // Last stage: no next stage, so SEND_FWD_RECV_BWD vanishes.
+  EXPECT_EQ(plan_of("1f1b", 3, 4, 3),
+            "{rf0} F0 | B0 {sb0 rf1} | F1 | B1 {sb1 rf2} | F2 | B2 {sb2}!");
+  const auto plan = communication_plan(OneFOneBSchedule(), 1, 4, 3);
+  EXPECT_EQ(plan[2].after[0].messages[0].peer_stage, 2);  // SEND_FWD_RECV_BWD: both with stage 2
+  EXPECT_EQ(plan[2].after[0].messages[1].peer_stage, 2);
+  EXPECT_EQ(plan[0].before[0].messages[0].peer_stage, 0);
+}
+
+TEST(Schedule, EpilogueOnlyMatchesSpecTableForFourStages) {
+  for (int m = 3; m <= 16; ++m) {
+    SCOPED_TRACE(m);
+    EXPECT_EQ(epilogue_sends(3, 4, m), std::vector<int>({m - 1}));
+    EXPECT_EQ(epilogue_sends(2, 4, m), std::vector<int>({m - 2, m - 1}));
+    EXPECT_EQ(epilogue_sends(1, 4, m), std::vector<int>({m - 3, m - 2, m - 1}));
+    EXPECT_EQ(epilogue_sends(0, 4, m), std::vector<int>());
+    size_t total = 0;
+    for (int k = 0; k < 4; ++k) total += epilogue_sends(k, 4, m).size();
+    EXPECT_EQ(total, 6u);  // p(p-1)/2
+  }
+}
+
+TEST(Schedule, EpilogueFlagsAgreeBetweenSenderAndReceiver) {
+  OneFOneBSchedule s;
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 16; ++m) {
+      for (int k = 1; k < p; ++k) {
+        SCOPED_TRACE(::testing::Message() << "p=" << p << " m=" << m << " k=" << k);
+        // Spec §4: the last p-k sends are compressed; all m of them when m < p-k.
+        EXPECT_EQ(epilogue_sends(k, p, m), range(std::max(0, m - (p - k)), m));
+        for (int mb = 0; mb < m; ++mb) {
+          EXPECT_EQ(backward_send_is_epilogue(s, k, p, m, mb),
+                    backward_recv_is_epilogue(s, k - 1, p, m, mb));
+        }
+      }
+      EXPECT_FALSE(backward_recv_is_epilogue(s, p - 1, p, m, 0));  // the last stage receives none
+    }
+  }
+}
+
+TEST(Schedule, SimulatorReportsDeadlockOfBrokenPlan) {
+  // Stage 0 waits for the gradient of mb 0 before sending the activation stage 1 needs to make it.
+  auto plans = plans_of(4, 6);
+  const std::vector<P2PCall*> calls = calls_of(plans[0]);
+  ASSERT_EQ(to_string(*calls[0]), "{sf0}");
+  ASSERT_EQ(to_string(*calls[3]), "{sf3 rb0}");
+  std::swap(*calls[0], *calls[3]);
+  const SimulationResult sim = simulate(plans);
+  EXPECT_TRUE(sim.deadlock);
+  EXPECT_FALSE(sim.ok());
+  EXPECT_THAT(sim.blocked, Contains(AllOf(HasSubstr("stage 0: blocked in call {sf3 rb0}"),
+                                          HasSubstr("recv_backward mb 0 from stage 1"))))
+      << sim.summary();
+}
+
+TEST(Schedule, SimulatorReportsMismatchedFlushAndMicrobatch) {
+  auto plans = plans_of(4, 6);
+  calls_of(plans[2]).back()->flush = false;  // cool-down send_backward of mb 5 loses its flag
+  SimulationResult sim = simulate(plans);
+  EXPECT_FALSE(sim.deadlock);
+  EXPECT_THAT(sim.errors, Contains(HasSubstr("flush"))) << sim.summary();
+
+  plans = plans_of(4, 6);
+  calls_of(plans[1])[0]->messages[0].microbatch = 1;  // recv_forward labelled with the wrong mb
+  sim = simulate(plans);
+  EXPECT_THAT(sim.errors, Contains(HasSubstr("recv_forward (mb 1, flush false) matched stage 0's "
+                                             "message (mb 0, flush false)")))
+      << sim.summary();
+}
+
+TEST(Schedule, NamesAndArgumentChecks) {
+  EXPECT_EQ(make_schedule("1f1b")->name(), "1f1b");
+  EXPECT_EQ(make_schedule("gpipe")->name(), "gpipe");
+  try {
+    make_schedule("interleaved");
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("'interleaved'"), HasSubstr("1f1b"), HasSubstr("gpipe")));
+  }
+  OneFOneBSchedule s;
+  EXPECT_THROW(s.actions(4, 4, 2), std::invalid_argument);
+  EXPECT_THROW(s.actions(0, 4, 0), std::invalid_argument);
+  EXPECT_THROW(backward_send_is_epilogue(s, 1, 4, 2, 2), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace optcc
