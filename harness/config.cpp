@@ -73,6 +73,10 @@ void validate_parallel(const Config& c, int64_t world_size) {
          fmt::format("must equal the number of ranks, {}", world_size),
          "change tp/pp/dp so that their product is the world size (or launch that many ranks)");
   }
+  if (!(p.timeout_seconds > 0)) {
+    fail("parallel.timeout_seconds", fmt::format("{}", p.timeout_seconds), "must be > 0",
+         "use e.g. 120 (seconds)");
+  }
   if (!p.stage_layers.empty()) {  // BR-14: never drop layers silently
     if (static_cast<int64_t>(p.stage_layers.size()) != p.pp) {
       fail("parallel.stage_layers", fmt::format("{} entries", p.stage_layers.size()),
@@ -173,6 +177,8 @@ void Config::validate(int64_t world_size) const {
   validate_train(*this);
   validate_rest(*this);
 }
+
+void Config::validate_layout(int64_t world_size) const { validate_parallel(*this, world_size); }
 
 int64_t Config::num_micro_batches() const {
   return train.global_batch_size / (train.micro_batch_size * parallel.dp);

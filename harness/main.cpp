@@ -14,7 +14,9 @@
 #include <iostream>
 
 #include "harness/bench.h"
+#include "harness/comm_check.h"
 #include "harness/config.h"
+#include "harness/distributed.h"
 #include "harness/threads.h"
 #include "harness/trainer.h"
 
@@ -116,6 +118,14 @@ int main(int argc, char** argv) {
   bench_step_cmd->add_option("--warmup", bench_warmup, "untimed steps first");
   bench_step_cmd->add_option("--threads", bench_threads, "intra-op threads (0 = config's)");
 
+  auto* comm_check = app.add_subcommand("comm-check", "check a launch: rendezvous, every group, p2p");
+  add_config(comm_check);
+  int nproc = 1;
+  comm_check->add_option("--nproc", nproc, "local ranks to fork (omit under srun/torchrun)");
+  train->add_option("--nproc", nproc, "local ranks to fork (omit under srun/torchrun)");
+  CommCheckOptions check_opts;
+  comm_check->add_option("--die-rank", check_opts.die_rank, "test hook: this rank kills itself");
+
   auto* config_cmd = app.add_subcommand("config", "configuration");
   config_cmd->require_subcommand(1);
   auto* show = config_cmd->add_subcommand("show", "print the effective config after presets and --set");
@@ -125,6 +135,18 @@ int main(int argc, char** argv) {
 
   try {
     Config cfg = load_config(config_path, overrides);
+    const bool is_launcher = nproc > 1 && std::getenv("OPTCC_RANK") == nullptr;
+    if (train->parsed() && nproc > 1) {
+      throw ConfigError(fmt::format("optcc train --nproc {}: multi-rank training (the 3D-parallel runner) is not "
+                                    "available yet; `optcc comm-check --nproc {}` checks launches and groups.",
+                                    nproc, nproc));
+    }
+    if (is_launcher) {
+      cfg.validate_layout(nproc);
+      return launch_local(nproc, std::vector<std::string>(argv, argv + argc),
+                          std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000)));
+    }
+    if (comm_check->parsed()) return run_comm_check(cfg, check_opts);
     if (train->parsed()) {
       TrainOptions opts;
       opts.command_line = command_line(argc, argv);

@@ -1,0 +1,56 @@
+// The local launcher end to end: 8 forked ranks (TP2 x PP2 x DP2) rendezvous, build every group and
+// pass the closed-form checks; when one rank dies, every rank ends within the timeout, the run
+// exits non-zero and the launcher names the dead rank.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct Result {
+  int exit_code;
+  std::string output;
+  double seconds;
+};
+
+Result run(const std::string& args) {
+  const std::string cmd = std::string(OPTCC_BINARY_DIR) + "/optcc " + args + " 2>&1";
+  const auto t0 = std::chrono::steady_clock::now();
+  FILE* pipe = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), pipe)) out += buf.data();
+  const int status = pclose(pipe);
+  return {WEXITSTATUS(status), out,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
+}
+
+const std::string kConfig = std::string(" --config ") + OPTCC_SOURCE_DIR + "/experiments/comm-check-2x2x2.yaml";
+
+TEST(LocalLaunch, EightRanksBuildEveryGroup) {
+  auto r = run("comm-check --nproc 8" + kConfig);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr("launched 8 local ranks"));
+  for (int rank = 0; rank < 8; ++rank) {
+    EXPECT_THAT(r.output, ::testing::HasSubstr("rank " + std::to_string(rank) + " on ")) << r.output;
+  }
+}
+
+TEST(LocalLaunch, DeadRankEndsTheRunNamingIt) {
+  auto r = run("comm-check --nproc 8 --die-rank 5 --set parallel.timeout_seconds=10" + kConfig);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr("rank 5 was killed by signal 9"));
+  EXPECT_LT(r.seconds, 10.0 + 5.0 + 5.0) << "timeout + grace + start-up exceeded";
+}
+
+TEST(LocalLaunch, LayoutMustMatchRanks) {
+  auto r = run("comm-check --nproc 4" + kConfig);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr("parallel.tp*pp*dp = 2*2*2 = 8: must equal the number of ranks, 4"));
+}
+
+}  // namespace

@@ -1,0 +1,64 @@
+// Multi-rank tests without processes: N threads, one Gloo process group each, sharing a HashStore
+// over loopback (the c10d test idiom). Exceptions on any rank are rethrown on the caller.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <chrono>
+#include <exception>
+#include <thread>
+#include <vector>
+
+#include "harness/communicator.h"
+
+namespace optcc::testing {
+
+/// Shared by the threads of one run_ranks call.
+struct RankContext {
+  int rank = 0, world = 1;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::chrono::milliseconds timeout{20000};
+  /// A group over `members` (global ranks, sorted; must contain `rank`) named `name`.
+  std::unique_ptr<Communicator> group(const std::vector<int>& members, const std::string& name,
+                                      TrafficMeter* meter = nullptr, Link link = Link::kIntraNode) const {
+    int me = -1;
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (members[i] == rank) me = static_cast<int>(i);
+    }
+    ProcessGroupPtr pg;
+    if (members.size() > 1) pg = make_gloo_group(store, name, me, static_cast<int>(members.size()), timeout);
+    return std::make_unique<Communicator>(pg, members, rank, name, link, meter, timeout);
+  }
+  std::unique_ptr<Communicator> world_group(TrafficMeter* meter = nullptr) const {
+    std::vector<int> all(world);
+    for (int i = 0; i < world; ++i) all[i] = i;
+    return group(all, "world", meter);
+  }
+};
+
+/// Runs fn(ctx) on `world` threads; LibTorch intra-op threads are set to 1 for the duration.
+template <class F>
+void run_ranks(int world, F fn, std::chrono::milliseconds timeout = std::chrono::milliseconds(20000)) {
+  at::set_num_threads(1);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        RankContext ctx{r, world, store, timeout};
+        fn(ctx);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+}  // namespace optcc::testing

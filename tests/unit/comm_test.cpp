@@ -1,0 +1,134 @@
+// Communicator on Gloo with ranks as threads: closed-form collectives, p2p ordering, byte
+// accounting by the ring formulas, and failures that end in an error instead of a hang.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "harness/communicator.h"
+#include "tests/support/gloo_ranks.h"
+
+namespace optcc {
+namespace {
+
+using testing::RankContext;
+using testing::run_ranks;
+
+class CommWorld : public ::testing::TestWithParam<int> {};
+
+TEST_P(CommWorld, AllReduceSumAndMaxClosedForm) {
+  const int n = GetParam();
+  run_ranks(n, [&](const RankContext& ctx) {
+    auto comm = ctx.world_group();
+    auto t = torch::full({3, 5}, static_cast<float>(ctx.rank + 1));
+    comm->all_reduce(t, Traffic::kDataParallel);
+    EXPECT_TRUE(torch::equal(t, torch::full({3, 5}, n * (n + 1) / 2.0f)));
+    auto m = torch::full({2}, static_cast<float>(ctx.rank));
+    comm->all_reduce(m, Traffic::kDataParallel, /*max=*/true);
+    EXPECT_EQ(m[0].item<float>(), n - 1);
+  });
+}
+
+TEST_P(CommWorld, AllGatherInRankOrderAndReduceScatter) {
+  const int n = GetParam();
+  run_ranks(n, [&](const RankContext& ctx) {
+    auto comm = ctx.world_group();
+    auto local = torch::full({2, 3}, static_cast<float>(ctx.rank));
+    auto g = comm->all_gather(local, Traffic::kTensorParallel, 0);
+    ASSERT_EQ(g.sizes(), (std::vector<int64_t>{2 * n, 3}));
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(torch::equal(g.narrow(0, 2 * r, 2), torch::full({2, 3}, float(r))));
+    auto g1 = comm->all_gather(local, Traffic::kTensorParallel, 1);
+    ASSERT_EQ(g1.sizes(), (std::vector<int64_t>{2, 3 * n}));
+    // reduce_scatter: input arange(4n) * (rank+1) on every rank; sum = arange * n(n+1)/2.
+    auto in = torch::arange(4 * n, torch::kFloat) * float(ctx.rank + 1);
+    auto out = comm->reduce_scatter(in, Traffic::kDataParallel);
+    auto expect = torch::arange(4 * ctx.rank, 4 * ctx.rank + 4, torch::kFloat) * float(n * (n + 1) / 2);
+    EXPECT_TRUE(torch::equal(out, expect));
+  });
+}
+
+TEST_P(CommWorld, BroadcastFromLastRank) {
+  const int n = GetParam();
+  run_ranks(n, [&](const RankContext& ctx) {
+    auto comm = ctx.world_group();
+    auto t = torch::full({4}, static_cast<float>(ctx.rank * 10));
+    comm->broadcast(t, n - 1, Traffic::kEmbedding);
+    EXPECT_EQ(t[3].item<float>(), 10.0f * (n - 1));
+  });
+}
+
+TEST_P(CommWorld, RingOfAsymmetricMessagesKeepsOrderAndShapes) {  // BR-11, BR-13
+  const int n = GetParam();
+  if (n == 1) GTEST_SKIP() << "p2p needs two ranks";
+  run_ranks(n, [&](const RankContext& ctx) {
+    auto comm = ctx.world_group();
+    const int next = (ctx.rank + 1) % n, prev = (ctx.rank + n - 1) % n;
+    // Two messages of different shapes to the same peer, posted together with two receives.
+    auto p = torch::full({6, 4}, float(ctx.rank));  // like a CB P factor [s*b, r]
+    auto q = torch::full({3, 4}, float(-ctx.rank));  // like Q [h, r]
+    auto rp = torch::empty({6, 4}), rq = torch::empty({3, 4});
+    std::vector<CommHandle> hs;
+    hs.push_back(comm->send(p, next, Traffic::kPipelineBackward));
+    hs.push_back(comm->send(q, next, Traffic::kPipelineBackward));
+    hs.push_back(comm->recv(rp, prev, Traffic::kPipelineBackward));
+    hs.push_back(comm->recv(rq, prev, Traffic::kPipelineBackward));
+    for (auto& h : hs) h.wait();
+    EXPECT_TRUE(torch::equal(rp, torch::full({6, 4}, float(prev))));
+    EXPECT_TRUE(torch::equal(rq, torch::full({3, 4}, float(-prev))));
+  });
+}
+
+TEST_P(CommWorld, BytesFollowRingFormulas) {
+  const int n = GetParam();
+  run_ranks(n, [&](const RankContext& ctx) {
+    TrafficMeter meter;
+    auto comm = ctx.group([&] { std::vector<int> a(n); for (int i = 0; i < n; ++i) a[i] = i; return a; }(),
+                          "world", &meter, Link::kInterNode);
+    auto t = torch::ones({1000});  // 4000 bytes
+    comm->all_reduce(t, Traffic::kDataParallel);
+    comm->all_gather(torch::ones({250}), Traffic::kTensorParallel);
+    comm->reduce_scatter(torch::ones({4 * n}), Traffic::kEmbedding);
+    const auto& dp = meter.at(Traffic::kDataParallel, Link::kInterNode);
+    EXPECT_EQ(dp.bytes, 2 * (n - 1) * 4000 / n);
+    EXPECT_EQ(dp.calls, n > 1 ? 1 : 0);
+    EXPECT_EQ(meter.at(Traffic::kTensorParallel, Link::kInterNode).bytes, (n - 1) * 1000);
+    EXPECT_EQ(meter.at(Traffic::kEmbedding, Link::kInterNode).bytes, (n - 1) * 16 * n / n);
+    EXPECT_EQ(meter.at(Traffic::kDataParallel, Link::kIntraNode).bytes, 0);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Worlds, CommWorld, ::testing::Values(1, 2, 4));
+
+TEST(Comm, SubGroupsOverlapWithoutCrossTalk) {
+  run_ranks(4, [&](const RankContext& ctx) {
+    // Two "TP" pairs {0,1},{2,3} and two "DP" pairs {0,2},{1,3}, created in the same order everywhere.
+    std::vector<int> tp = ctx.rank < 2 ? std::vector<int>{0, 1} : std::vector<int>{2, 3};
+    std::vector<int> dp = ctx.rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+    auto tpc = ctx.group(tp, fmt::format("tp{}", tp[0]));
+    auto dpc = ctx.group(dp, fmt::format("dp{}", dp[0]));
+    auto a = torch::full({1}, float(ctx.rank));
+    tpc->all_reduce(a, Traffic::kTensorParallel);
+    auto b = torch::full({1}, float(ctx.rank));
+    dpc->all_reduce(b, Traffic::kDataParallel);
+    EXPECT_EQ(a.item<float>(), float(tp[0] + tp[1]));
+    EXPECT_EQ(b.item<float>(), float(dp[0] + dp[1]));
+  });
+}
+
+TEST(Comm, MissingPeerTimesOutWithNamedError) {
+  std::string message;
+  run_ranks(2, [&](const RankContext& ctx) {
+    auto comm = ctx.world_group();
+    if (ctx.rank == 1) return;  // rank 1 "dies": never joins the collective
+    auto t = torch::ones({8});
+    try {
+      comm->all_reduce(t, Traffic::kDataParallel);
+    } catch (const CommError& e) {
+      message = e.what();
+    }
+  }, std::chrono::milliseconds(1500));
+  EXPECT_THAT(message, ::testing::HasSubstr("rank 0 (group world, group rank 0 of 2): all_reduce of 32 bytes failed"));
+}
+
+}  // namespace
+}  // namespace optcc
