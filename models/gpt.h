@@ -1,65 +1,85 @@
-// Megatron-style GPT (single rank): learned absolute positions, pre-LayerNorm blocks, causal
-// self-attention, GeLU MLP of 4h, final LayerNorm, word embedding tied with the output layer.
+// Megatron-style GPT: learned absolute positions, pre-LayerNorm blocks, causal self-attention,
+// GeLU MLP of 4h, final LayerNorm, word embedding tied with the output layer.
+//
+// One GptModel holds what one rank owns under tensor x pipeline parallelism:
+//   * layers [first_layer, first_layer + num_stage_layers) of the model (a pipeline stage);
+//   * the word + position embeddings if it is the first stage;
+//   * the final LayerNorm and the tied output layer if it is the last stage. When the model has
+//     more than one stage, the last stage holds its own copy of the word embedding, initialised
+//     equal to stage 0's (spec §1.2) and kept equal by the embedding-gradient sync;
+//   * of each of those, this tensor-parallel rank's shard (models/tensor_parallel.h): QKV and fc1
+//     are column-parallel (whole heads per rank), attention proj and fc2 row-parallel, the word
+//     embedding vocab-parallel, the loss vocab-parallel cross-entropy over the true vocabulary.
+// With tp == nullptr and the default stage range it is the whole single-rank model.
 //
 // Layout follows Megatron-LM: activations between blocks are sequence-first [s, b, h] fp32, so the
-// tensors that later cross pipeline stages have the layout Optimus-CC's compressor expects
-// (optimus-cc-spec.md §1.4, §2.3). The QKV weight rows are grouped per head ([heads, 3, head_dim]),
-// so a contiguous row shard holds whole heads, as tensor parallelism needs.
+// tensors that cross pipeline stages have the layout Optimus-CC's compressor expects (spec §1.4).
+// The model makes no communication calls itself: all of it goes through the TP mapping functions.
 //
-// Initialisation is deterministic from `GptOptions::seed` and independent of the thread count:
-// every weight is drawn from its own generator in a fixed order (see gpt.cpp), N(0, init_std), with
-// the residual output projections (attention proj, MLP fc2) at init_std / sqrt(2 * num_layers)
-// (GPT-2 / Megatron scaled init). Biases are zero, LayerNorm is (1, 0).
+// Initialisation is deterministic from `seed` and independent of thread count and layout: every
+// weight is drawn in full from its own generator (seed, tag) and then sharded; N(0, init_std), with
+// the residual output projections (attention proj, MLP fc2) at init_std / sqrt(2 * num_layers).
+// Biases are zero, LayerNorm is (1, 0).
 #pragma once
 
 #include <torch/torch.h>
 
 #include <cstdint>
 
+#include "models/tensor_parallel.h"
+
 namespace optcc {
 
 struct GptOptions {
-  int64_t num_layers = 2;
+  int64_t num_layers = 2;           // L of the whole model
   int64_t hidden_size = 64;         // h
   int64_t num_heads = 2;
   int64_t seq_len = 64;             // s
   int64_t max_positions = 64;       // rows of the position embedding (>= seq_len)
-  int64_t vocab_size = 128;         // true vocabulary V; logits cover only [0, V)
-  int64_t padded_vocab_size = 128;  // rows of the word embedding (BR-15 padding); >= vocab_size
+  int64_t vocab_size = 128;         // true vocabulary V; the loss covers only [0, V)
+  int64_t padded_vocab_size = 128;  // rows of the word embedding (BR-15); multiple of the TP size
   double hidden_dropout = 0.0;
   double attention_dropout = 0.0;
   double init_std = 0.02;
   uint64_t seed = 1234;
 };
 
-/// Causal multi-head self-attention on [s, b, h].
+/// Which part of the model this rank holds (a pipeline stage). Default: all of it.
+struct StageRange {
+  int64_t first_layer = 0;
+  int64_t num_layers = -1;  // -1 = all layers from first_layer
+  bool is_first = true;     // holds the embeddings
+  bool is_last = true;      // holds final LayerNorm + output layer
+};
+
+/// Causal multi-head self-attention on [s, b, h]; this TP rank computes heads/t heads.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit CausalSelfAttentionImpl(const GptOptions& o);
-  torch::Tensor forward(const torch::Tensor& x);  // [s, b, h] -> [s, b, h]
-  torch::nn::Linear qkv{nullptr};                 // weight [3h, h], rows as [heads, 3, head_dim]
-  torch::nn::Linear proj{nullptr};                // weight [h, h]
+  CausalSelfAttentionImpl(const GptOptions& o, int64_t layer, Communicator* tp);
+  torch::Tensor forward(const torch::Tensor& x);  // [s, b, h] -> [s, b, h] (replicated over TP)
+  ColumnParallelLinear qkv{nullptr};               // weight [3h/t, h], rows as [heads/t, 3, head_dim]
+  RowParallelLinear proj{nullptr};                 // weight [h, h/t]
  private:
-  int64_t heads_, head_dim_;
+  int64_t local_heads_, head_dim_;
   double dropout_;
   torch::Tensor causal_mask_;  // [s, s] bool, true above the diagonal (future positions)
 };
 TORCH_MODULE(CausalSelfAttention);
 
-/// Position-wise MLP: h -> 4h -> GeLU -> h.
+/// Position-wise MLP: h -> 4h -> GeLU -> h (4h split over TP).
 class MlpImpl : public torch::nn::Module {
  public:
-  explicit MlpImpl(const GptOptions& o);
+  MlpImpl(const GptOptions& o, int64_t layer, Communicator* tp);
   torch::Tensor forward(const torch::Tensor& x);  // [s, b, h] -> [s, b, h]
-  torch::nn::Linear fc1{nullptr};                 // weight [4h, h]
-  torch::nn::Linear fc2{nullptr};                 // weight [h, 4h]
+  ColumnParallelLinear fc1{nullptr};               // weight [4h/t, h]
+  RowParallelLinear fc2{nullptr};                  // weight [h, 4h/t]
 };
 TORCH_MODULE(Mlp);
 
 /// Pre-LayerNorm transformer block: x + drop(attn(ln1(x))), then + drop(mlp(ln2(.))).
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GptOptions& o);
+  BlockImpl(const GptOptions& o, int64_t layer, Communicator* tp);
   torch::Tensor forward(const torch::Tensor& x);  // [s, b, h] -> [s, b, h]
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
@@ -69,36 +89,53 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
-/// The whole model on one rank.
 class GptModelImpl : public torch::nn::Module {
  public:
-  explicit GptModelImpl(const GptOptions& o);
-  /// tokens [b, s] int64 -> logits [s, b, V] fp32 (padded vocabulary rows excluded).
-  torch::Tensor forward(const torch::Tensor& tokens);
-  /// Mean next-token cross-entropy (nats) of a batch of samples [b, s + 1] int64: inputs are
-  /// samples[:, :-1], labels samples[:, 1:]. Returns a scalar fp32 tensor with grad.
-  torch::Tensor loss(const torch::Tensor& samples);
-  const GptOptions& options() const { return opt_; }
+  /// `tp` (may be null) must outlive the model. Throws c10::Error on inconsistent options.
+  explicit GptModelImpl(const GptOptions& o, Communicator* tp = nullptr, StageRange stage = {});
 
-  torch::Tensor word_embedding;      // [V_padded, h]; also the output layer (tied)
-  torch::Tensor position_embedding;  // [max_positions, h]
+  /// First stage: tokens [b, s] int64 -> hidden [s, b, h].
+  torch::Tensor embed(const torch::Tensor& tokens);
+  /// This stage's blocks: [s, b, h] -> [s, b, h].
+  torch::Tensor run_layers(torch::Tensor x);
+  /// Last stage: hidden [s, b, h] and labels [b, s] int64 -> mean cross-entropy (nats), scalar.
+  torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& labels);
+  /// Whole model only (first and last stage): tokens [b, s] -> logits [s, b, V] (padding dropped).
+  torch::Tensor forward(const torch::Tensor& tokens);
+  /// Whole model only: samples [b, s + 1] int64 -> mean next-token cross-entropy (nats).
+  torch::Tensor loss(const torch::Tensor& samples);
+
+  const GptOptions& options() const { return opt_; }
+  const StageRange& stage() const { return stage_; }
+  /// The word-embedding shard [Vp/t, h] (first stage: input embedding; last stage: output layer),
+  /// or an undefined tensor on middle stages.
+  torch::Tensor word_embedding() const;
+
+  VocabParallelEmbedding embedding{nullptr};  // first and last stages
+  torch::Tensor position_embedding;           // [max_positions, h], first stage only
   torch::nn::ModuleList blocks;
-  torch::nn::LayerNorm final_ln{nullptr};
+  torch::nn::LayerNorm final_ln{nullptr};     // last stage only
 
  private:
   GptOptions opt_;
+  StageRange stage_;
+  Communicator* tp_;
 };
 TORCH_MODULE(GptModel);
 
 /// True for parameters that take no weight decay: biases and LayerNorm weights (by name).
 bool is_no_decay_parameter(const std::string& name);
 
+/// True for parameters replicated (not sharded) across TP ranks: LayerNorms, position embedding,
+/// row-parallel biases. The global gradient norm counts them on TP rank 0 only.
+bool is_tp_replicated_parameter(const std::string& name);
+
 /// Model FLOPs of one training step (forward + backward = 3x forward, no recomputation) for
 /// `sequences` samples, Megatron's count: 3 * sequences * s * (24 L h^2 + 4 L s h + 2 h V).
 /// The attention term counts the full s x s score matrix, as Megatron-LM and the paper do.
 double gpt_train_flops(const GptOptions& o, int64_t sequences);
 
-/// Number of parameters (word embedding counted once).
+/// Number of parameters held by this model object (this rank's shards).
 int64_t count_parameters(GptModel& model);
 
 }  // namespace optcc

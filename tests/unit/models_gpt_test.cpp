@@ -37,7 +37,7 @@ TEST(Gpt, ParameterShapesAndCount) {
   auto o = tiny();
   GptModel m(o);
   auto params = m->named_parameters();
-  EXPECT_EQ(params["word_embedding"].sizes(), (std::vector<int64_t>{128, 32}));
+  EXPECT_EQ(params["embedding.weight"].sizes(), (std::vector<int64_t>{128, 32}));
   EXPECT_EQ(params["position_embedding"].sizes(), (std::vector<int64_t>{16, 32}));
   EXPECT_EQ(params["blocks.0.attn.qkv.weight"].sizes(), (std::vector<int64_t>{96, 32}));
   EXPECT_EQ(params["blocks.1.mlp.fc1.weight"].sizes(), (std::vector<int64_t>{128, 32}));
@@ -54,7 +54,7 @@ TEST(Gpt, TiedEmbeddingGetsOutputGradientAndPaddingNone) {
   // gradient they get comes from the (tied) output layer's softmax. Padded rows 100..127 get none.
   auto samples = torch::randint(0, 5, {2, 17}, torch::kLong);
   m->loss(samples).backward();
-  auto g = m->word_embedding.grad();
+  auto g = m->word_embedding().grad();
   ASSERT_TRUE(g.defined());
   EXPECT_GT(g.narrow(0, 5, 95).abs().sum().item<double>(), 0.0);
   EXPECT_EQ(g.narrow(0, 100, 28).abs().sum().item<double>(), 0.0);
@@ -87,7 +87,7 @@ TEST(Gpt, InitDeterministicAndScaled) {
   GptModel c(o);
   auto pa = a->named_parameters(), pb = b->named_parameters(), pc = c->named_parameters();
   for (const auto& p : pa) EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << p.key();
-  EXPECT_FALSE(torch::equal(pa["word_embedding"], pc["word_embedding"]));
+  EXPECT_FALSE(torch::equal(pa["embedding.weight"], pc["embedding.weight"]));
   // Residual output projections use std / sqrt(2L) = 0.02 / 2 = 0.01 (L = 2).
   EXPECT_NEAR(pa["blocks.0.mlp.fc2.weight"].std().item<double>(), 0.01, 0.001);
   EXPECT_NEAR(pa["blocks.0.mlp.fc1.weight"].std().item<double>(), 0.02, 0.002);
@@ -99,7 +99,7 @@ TEST(Gpt, NoDecayNames) {
   EXPECT_TRUE(is_no_decay_parameter("blocks.0.ln1.weight"));
   EXPECT_TRUE(is_no_decay_parameter("final_ln.weight"));
   EXPECT_FALSE(is_no_decay_parameter("blocks.0.attn.qkv.weight"));
-  EXPECT_FALSE(is_no_decay_parameter("word_embedding"));
+  EXPECT_FALSE(is_no_decay_parameter("embedding.weight"));
 }
 
 TEST(Gpt, TrainFlopsClosedForm) {
@@ -124,6 +124,49 @@ TEST(Presets, PaperSizes) {
   EXPECT_EQ(find_model_preset("gpt-175b")->seq_len, 2048);
   EXPECT_EQ(find_model_preset("nope"), nullptr);
 }
+
+}  // namespace
+}  // namespace optcc
+
+// Tensor-parallel GPT vs. the single-rank GPT: same loss, and every gradient shard equals the
+// matching slice of the single-rank gradient (fp32 tolerance).
+#include "tests/support/gloo_ranks.h"
+
+namespace optcc {
+namespace {
+
+class GptTp : public ::testing::TestWithParam<int> {};
+
+TEST_P(GptTp, LossAndGradientShardsMatchSingleRank) {
+  const int t = GetParam();
+  auto o = tiny(100, 128);
+  at::manual_seed(3);
+  auto samples = torch::randint(0, 100, {2, 17}, torch::kLong);
+  GptModel ref(o);
+  auto ref_loss = ref->loss(samples);
+  ref_loss.backward();
+  auto ref_grads = ref->named_parameters();
+  testing::run_ranks(t, [&](const testing::RankContext& ctx) {
+    auto tp = ctx.world_group();
+    GptModel m(o, tp.get());
+    auto loss = m->loss(samples);
+    loss.backward();
+    EXPECT_NEAR(loss.item<double>(), ref_loss.item<double>(), 1e-5);
+    for (const auto& p : m->named_parameters()) {
+      auto full = ref_grads[p.key()].grad();
+      auto mine = p.value().grad();
+      ASSERT_TRUE(mine.defined()) << p.key();
+      torch::Tensor expect = full;
+      if (!full.sizes().equals(mine.sizes())) {  // sharded: find the dim that differs
+        const int64_t dim = full.size(0) != mine.size(0) ? 0 : 1;
+        expect = full.narrow(dim, ctx.rank * mine.size(dim), mine.size(dim));
+      }
+      EXPECT_TRUE(torch::allclose(mine, expect, 1e-4, 1e-6)) << p.key() << " on TP rank " << ctx.rank;
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(TpSizes, GptTp, ::testing::Values(2, 4));
 
 }  // namespace
 }  // namespace optcc

@@ -1,0 +1,116 @@
+// Tensor parallelism, Megatron-LM style: four conjugate autograd mappings and the layers built on
+// them. t = tp->size() ranks of one TP group each hold 1/t of every sharded weight; activations
+// are either replicated (same full tensor on every TP rank) or split along the last dim.
+//
+//   mapping                 forward                        backward
+//   copy_to_tp_region       identity                       all-reduce(sum)
+//   reduce_from_tp_region   all-reduce(sum)                identity
+//   scatter_to_tp_region    keep own 1/t of the last dim   all-gather along the last dim
+//   gather_from_tp_region   all-gather along the last dim  keep own 1/t of the last dim
+//
+// Contract shared by everything here:
+// - `tp` may be null or a group of one rank: then every mapping returns its input (no autograd
+//   node, no traffic) and the layers are plain unsharded layers.
+// - Every function and every layer forward that communicates is COLLECTIVE over the TP group: all
+//   ranks of the group call it, in the same order, with same-shaped tensors; the backward passes
+//   communicate too, so all TP ranks also run backward over the same graph.
+// - `*tp` must outlive the autograd graph (backward uses it). Traffic is Traffic::kTensorParallel.
+// - Shards are contiguous blocks in group-rank order: rank r holds [r*n/t, (r+1)*n/t).
+//
+// Initialisation: each layer draws the FULL weight from its own generator (seed, tag), exactly as
+// models/gpt.cpp's init_normal does, then keeps its shard, so every TP size starts from the same
+// model and matches the unsharded GPT bit for bit.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+
+#include "harness/communicator.h"
+
+namespace optcc {
+
+/// A tensor of `sizes` fp32 ~ N(0, std) from the generator seeded with seed * 1000003 + tag (the
+/// same draw as gpt.cpp's init_normal on a tensor of the same shape). No grad.
+torch::Tensor init_full_normal(torch::IntArrayRef sizes, double std, uint64_t seed, uint64_t tag);
+
+inline int tp_size(const Communicator* tp) { return tp ? tp->size() : 1; }
+inline int tp_rank(const Communicator* tp) { return tp ? tp->rank() : 0; }
+
+// --- Mappings (any float dtype, any shape unless stated) -------------------------------------
+/// [.., n] replicated -> same; grad summed over the TP group.
+torch::Tensor copy_to_tp_region(const torch::Tensor& x, Communicator* tp);
+/// [.., n] partial sums -> [.., n] their sum over the group; grad passed through.
+torch::Tensor reduce_from_tp_region(const torch::Tensor& x, Communicator* tp);
+/// [.., n] replicated -> [.., n/t] this rank's slice (contiguous). REQUIRES n % t == 0.
+torch::Tensor scatter_to_tp_region(const torch::Tensor& x, Communicator* tp);
+/// [.., n/t] per rank -> [.., n] concatenated in group-rank order.
+torch::Tensor gather_from_tp_region(const torch::Tensor& x, Communicator* tp);
+
+// --- Layers ----------------------------------------------------------------------------------
+/// y = x W^T + b with W's output rows split over the group (Megatron ColumnParallelLinear).
+/// Input x [.., in] replicated; output [.., out/t] (or [.., out] replicated if gather_output).
+/// REQUIRES out % t == 0.
+class ColumnParallelLinearImpl : public torch::nn::Module {
+ public:
+  ColumnParallelLinearImpl(int64_t in, int64_t out, Communicator* tp, bool gather_output, double std,
+                           uint64_t seed, uint64_t tag);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;  // [out/t, in] fp32: rows [r*out/t, (r+1)*out/t) of the full weight
+  torch::Tensor bias;    // [out/t] fp32, zero-initialised
+ private:
+  Communicator* tp_;
+  bool gather_output_;
+};
+TORCH_MODULE(ColumnParallelLinear);
+
+/// y = x W^T + b with W's input columns split over the group (Megatron RowParallelLinear).
+/// Input [.., in/t] if input_is_parallel, else [.., in] replicated (scattered here); output
+/// [.., out] replicated. REQUIRES in % t == 0.
+class RowParallelLinearImpl : public torch::nn::Module {
+ public:
+  RowParallelLinearImpl(int64_t in, int64_t out, Communicator* tp, bool input_is_parallel, double std,
+                        uint64_t seed, uint64_t tag);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;  // [out, in/t] fp32: columns [r*in/t, (r+1)*in/t) of the full weight
+  torch::Tensor bias;    // [out] fp32, zero; added after the reduction, replicated on all TP ranks
+ private:
+  Communicator* tp_;
+  bool input_is_parallel_;
+};
+TORCH_MODULE(RowParallelLinear);
+
+/// Word embedding with rows split over the group. REQUIRES padded_vocab % t == 0 (pad the
+/// vocabulary to a multiple of t first, BR-15). forward(tokens [..] int64 in [0, padded_vocab))
+/// -> [.., hidden] fp32 replicated: each rank looks up the tokens in its rows, zeroes the rest,
+/// and the group sums.
+class VocabParallelEmbeddingImpl : public torch::nn::Module {
+ public:
+  VocabParallelEmbeddingImpl(int64_t padded_vocab, int64_t hidden, Communicator* tp, double std, uint64_t seed,
+                             uint64_t tag);
+  torch::Tensor forward(const torch::Tensor& tokens);
+  int64_t vocab_start() const { return start_; }  // first global row held here
+  int64_t vocab_end() const { return end_; }      // one past the last
+  torch::Tensor weight;                           // [Vp/t, hidden] fp32: rows [start, end)
+ private:
+  Communicator* tp_;
+  int64_t start_, end_;
+};
+TORCH_MODULE(VocabParallelEmbedding);
+
+/// Per-token cross-entropy (nats) over a vocabulary split by columns.
+/// logits_local [.., Vp/t] fp32: global columns [vocab_start, vocab_start + Vp/t) of the logits.
+/// labels [..] int64 in [0, true_vocab) (same shape as logits_local without its last dim).
+/// Columns with global index >= true_vocab are padding and excluded from the softmax (-inf), so
+/// the loss equals cross_entropy over the true vocabulary for every t (BR-15).
+/// Returns [..] fp32, identical on every TP rank. Backward: d logits_local = (softmax - onehot) *
+/// grad, local to each shard (0 on padded columns). Collective: three all-reduces of [N] floats.
+torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local, const torch::Tensor& labels,
+                                           int64_t vocab_start, int64_t true_vocab, Communicator* tp);
+
+/// Tied output layer: x [.., h] replicated, word_embedding_local [Vp/t, h] -> logits [.., Vp/t]
+/// (this rank's vocabulary columns). x's gradient is summed over the group (copy_to_tp_region).
+torch::Tensor parallel_lm_logits(const torch::Tensor& x, const torch::Tensor& word_embedding_local,
+                                 Communicator* tp);
+
+}  // namespace optcc
