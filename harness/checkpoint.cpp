@@ -40,7 +40,8 @@ int64_t read_scalar(torch::serialize::InputArchive& ar, const std::string& key) 
 
 std::string save_checkpoint(const std::string& dir, const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
-                            const std::string& config_yaml, int64_t keep) {
+                            const std::string& config_yaml, int64_t keep,
+                            const std::function<void()>& barrier) {
   const fs::path ckpt_dir = fs::path(dir) / fmt::format("iter_{:07d}", state.step);
   std::error_code ec;
   fs::create_directories(ckpt_dir, ec);
@@ -67,7 +68,7 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
     throw std::runtime_error(fmt::format("checkpoint: cannot write {}: {}", tmp, e.what_without_backtrace()));
   }
   fs::rename(tmp, file);
-
+  barrier();
   if (layout.rank == 0) {
     write_text_atomically(fs::path(dir) / "latest", ckpt_dir.filename().string() + "\n");
     if (keep > 0) {

@@ -8,6 +8,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 
@@ -24,12 +25,14 @@ struct CheckpointLayout {
   int64_t tp = 1, pp = 1, dp = 1, rank = 0;
 };
 
-/// Writes this rank's checkpoint for `state.step` under `dir`, then (on rank 0) points
-/// `latest` at it and prunes all but the newest `keep` checkpoints (keep = 0: keep all).
+/// Writes this rank's checkpoint for `state.step` under `dir`, waits in `barrier` (every rank
+/// calls this function; the barrier makes sure all files exist), then rank 0 points `latest` at
+/// it and prunes all but the newest `keep` checkpoints (keep = 0: keep all).
 /// Throws std::runtime_error naming the path on I/O failure. Returns the checkpoint directory.
 std::string save_checkpoint(const std::string& dir, const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
-                            const std::string& config_yaml, int64_t keep);
+                            const std::string& config_yaml, int64_t keep,
+                            const std::function<void()>& barrier = [] {});
 
 /// The checkpoint directory `latest` points to under `dir`, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);

@@ -12,7 +12,7 @@ namespace {
 void check_group(Communicator* comm, const char* kind, int rank) {
   if (!comm) return;
   auto t = torch::full({1024}, static_cast<float>(rank + 1));
-  comm->all_reduce(t, Traffic::kTensorParallel);
+  comm->all_reduce(t, Traffic::kControl);
   double expect = 0;
   for (int r : comm->global_ranks()) expect += r + 1;
   if (t[0].item<double>() != expect || t[1023].item<double>() != expect) {

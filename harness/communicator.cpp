@@ -30,6 +30,7 @@ const char* traffic_name(Traffic t) {
     case Traffic::kPipelineBackward: return "pp_bwd";
     case Traffic::kDataParallel: return "dp";
     case Traffic::kEmbedding: return "embedding";
+    case Traffic::kControl: return "control";
   }
   return "?";
 }

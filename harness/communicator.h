@@ -40,10 +40,11 @@ using ProcessGroupPtr = c10::intrusive_ptr<c10d::Backend>;  // LibTorch 2.x: bac
 using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
 #endif
 
-/// Traffic classes of 3D-parallel training (spec §9 rows).
-enum class Traffic { kTensorParallel, kPipelineForward, kPipelineBackward, kDataParallel, kEmbedding };
-constexpr int kNumTraffic = 5;
-const char* traffic_name(Traffic t);  // "tp", "pp_fwd", "pp_bwd", "dp", "embedding"
+/// Traffic classes of 3D-parallel training (spec §9 rows), plus kControl for the few scalars of
+/// bookkeeping (global gradient norm, loss averaging, checks) that spec §9 leaves out.
+enum class Traffic { kTensorParallel, kPipelineForward, kPipelineBackward, kDataParallel, kEmbedding, kControl };
+constexpr int kNumTraffic = 6;
+const char* traffic_name(Traffic t);  // "tp", "pp_fwd", "pp_bwd", "dp", "embedding", "control"
 const char* link_name(Link l);        // "intra", "inter"
 
 struct TrafficCounters {

@@ -73,6 +73,9 @@ void validate_parallel(const Config& c, int64_t world_size) {
          fmt::format("must equal the number of ranks, {}", world_size),
          "change tp/pp/dp so that their product is the world size (or launch that many ranks)");
   }
+  if (p.schedule != "1f1b" && p.schedule != "gpipe") {
+    fail("parallel.schedule", "'" + p.schedule + "'", "must be 1f1b or gpipe", "pick one of them");
+  }
   if (!(p.timeout_seconds > 0)) {
     fail("parallel.timeout_seconds", fmt::format("{}", p.timeout_seconds), "must be > 0",
          "use e.g. 120 (seconds)");
@@ -179,6 +182,11 @@ void Config::validate(int64_t world_size) const {
 }
 
 void Config::validate_layout(int64_t world_size) const { validate_parallel(*this, world_size); }
+
+std::vector<int64_t> Config::stage_layer_counts() const {
+  if (!parallel.stage_layers.empty()) return parallel.stage_layers;
+  return std::vector<int64_t>(parallel.pp, model.num_layers / parallel.pp);
+}
 
 int64_t Config::num_micro_batches() const {
   return train.global_batch_size / (train.micro_batch_size * parallel.dp);

@@ -45,6 +45,7 @@ struct ParallelConfig {
   int64_t dp = 1;              // data-parallel size
   int64_t ranks_per_node = 0;  // ranks per node for intra/inter-node accounting; 0 = local world
   std::vector<int64_t> stage_layers;  // explicit layers per stage; empty = even split
+  std::string schedule = "1f1b";     // pipeline schedule: 1f1b (Megatron, non-interleaved) | gpipe
   double timeout_seconds = 120.0;     // rendezvous and per-collective timeout, s; a dead rank ends
                                       // the run within this time
   template <class V> void visit(V&& v);
@@ -138,6 +139,8 @@ struct Config {
   void validate(int64_t world_size = 1) const;
   /// Only the parallel section's rules (tp*pp*dp == world_size, ...), for launchers.
   void validate_layout(int64_t world_size) const;
+  /// Transformer layers of each pipeline stage (explicit list or even split), sum = num_layers.
+  std::vector<int64_t> stage_layer_counts() const;
   /// Micro-batches per step and per data-parallel replica: B / (b * dp).
   int64_t num_micro_batches() const;
   /// Vocabulary padded to a multiple of vocab_divisor * tp (BR-15).

@@ -24,6 +24,7 @@ template <class V> void ParallelConfig::visit(V&& v) {
   v("dp", dp);
   v("ranks_per_node", ranks_per_node);
   v("stage_layers", stage_layers);
+  v("schedule", schedule);
   v("timeout_seconds", timeout_seconds);
 }
 

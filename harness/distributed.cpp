@@ -46,7 +46,8 @@ std::string describe_status(int status) {
 }  // namespace
 
 std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int ranks_per_node, const LaunchEnv& env,
-                                              std::chrono::milliseconds timeout) {
+                                              std::chrono::milliseconds timeout,
+                                              c10::intrusive_ptr<c10d::Store> store) {
   dims.validate(env.world_size);
   auto d = std::unique_ptr<Distributed>(new Distributed{env, RankLayout(dims, ranks_per_node), {}, {}, {}, {}, {}, {}, {}, {}, {}});
   c10d::TCPStoreOptions opts;
@@ -55,7 +56,8 @@ std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int rank
   opts.numWorkers = env.world_size;
   opts.waitWorkers = true;
   opts.timeout = timeout;
-  try {
+  d->store = store;
+  if (!d->store && env.world_size > 1) try {
     d->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
   } catch (const std::exception& e) {
     throw CommError(fmt::format("rank {}: rendezvous at {}:{} ({} ranks expected, {} launcher) failed within {} ms: {}",

@@ -30,8 +30,11 @@ struct Distributed {
 /// rank's groups. Every rank of the world must call it. `timeout` bounds the rendezvous and every
 /// later collective. Throws CommError naming the address and the ranks that did not arrive; throws
 /// std::invalid_argument when dims.world() != env.world_size (naming both).
+/// `store`: use this store instead of a TCPStore (tests: ranks as threads sharing a HashStore).
+/// A world of one rank needs no store and creates no process group.
 std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int ranks_per_node, const LaunchEnv& env,
-                                              std::chrono::milliseconds timeout);
+                                              std::chrono::milliseconds timeout,
+                                              c10::intrusive_ptr<c10d::Store> store = {});
 
 /// Forks + execs `argv` (this binary's arguments; argv[0] is replaced by /proc/self/exe) `nproc`
 /// times with OPTCC_RANK / OPTCC_WORLD_SIZE / OPTCC_LOCAL_RANK / OPTCC_LOCAL_WORLD_SIZE /

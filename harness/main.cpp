@@ -136,11 +136,6 @@ int main(int argc, char** argv) {
   try {
     Config cfg = load_config(config_path, overrides);
     const bool is_launcher = nproc > 1 && std::getenv("OPTCC_RANK") == nullptr;
-    if (train->parsed() && nproc > 1) {
-      throw ConfigError(fmt::format("optcc train --nproc {}: multi-rank training (the 3D-parallel runner) is not "
-                                    "available yet; `optcc comm-check --nproc {}` checks launches and groups.",
-                                    nproc, nproc));
-    }
     if (is_launcher) {
       cfg.validate_layout(nproc);
       return launch_local(nproc, std::vector<std::string>(argv, argv + argc),
@@ -152,7 +147,7 @@ int main(int argc, char** argv) {
       opts.command_line = command_line(argc, argv);
       if (resume_opt->count() > 0) opts.resume = resume.empty() ? cfg.checkpoint_dir() : resume;
       TrainSummary s = run_training(cfg, opts);
-      spdlog::info("done: steps {}..{}, results in {}", s.first_step, s.last_step, s.results_path);
+      if (!s.results_path.empty()) spdlog::info("done: steps {}..{}, results in {}", s.first_step, s.last_step, s.results_path);
       return 0;
     }
     if (data->parsed()) return data_command(data_action, cfg);

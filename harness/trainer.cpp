@@ -1,23 +1,25 @@
 #include "harness/trainer.h"
 
 #include <spdlog/spdlog.h>
-#include <torch/torch.h>
+#include <sys/resource.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <thread>
 
 #include "datasets/gpt_dataset.h"
 #include "datasets/indexed_dataset.h"
 #include "harness/checkpoint.h"
 #include "harness/data_loader.h"
+#include "harness/distributed.h"
+#include "harness/grad_sync.h"
 #include "harness/metrics.h"
 #include "harness/optimizer.h"
+#include "harness/pipeline_runner.h"
 #include "harness/run_info.h"
+#include "harness/stage_link.h"
 #include "harness/threads.h"
-#include "models/gpt.h"
 
 namespace optcc {
 namespace fs = std::filesystem;
@@ -25,7 +27,6 @@ namespace fs = std::filesystem;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
 
 std::string format_eta(double seconds) {
   const auto s = static_cast<int64_t>(std::max(0.0, seconds));
@@ -41,14 +42,21 @@ std::vector<TableSpec> result_tables() {
         {"grad_norm", ColumnType::kFloat64, ""},
         {"step_seconds", ColumnType::kFloat64, "s"},
         {"tokens_per_second", ColumnType::kFloat64, "tokens/s"}}},
-      {"eval",
+      {"eval", {{"step", ColumnType::kInt64, "steps"}, {"loss", ColumnType::kFloat64, "nats"}, {"ppl", ColumnType::kFloat64, ""}}},
+      // One row per (step, rank, class, link) with traffic in that step. class: 0 tp, 1 pp_fwd,
+      // 2 pp_bwd, 3 dp, 4 embedding, 5 control; link: 0 intra-node, 1 inter-node.
+      {"traffic",
        {{"step", ColumnType::kInt64, "steps"},
-        {"loss", ColumnType::kFloat64, "nats"},
-        {"ppl", ColumnType::kFloat64, ""}}},
+        {"rank", ColumnType::kInt64, ""},
+        {"class", ColumnType::kInt64, ""},
+        {"link", ColumnType::kInt64, ""},
+        {"bytes", ColumnType::kInt64, "bytes"},
+        {"calls", ColumnType::kInt64, ""},
+        {"seconds", ColumnType::kFloat64, "s"}}},
+      {"memory", {{"step", ColumnType::kInt64, "steps"}, {"rank", ColumnType::kInt64, ""}, {"peak_rss_bytes", ColumnType::kInt64, "bytes"}}},
   };
 }
 
-// The data a run reads: train and validation sample streams over the indexed dataset.
 struct RunData {
   std::shared_ptr<const data::GptDataset> train, valid;
 };
@@ -72,20 +80,110 @@ RunData open_data(const Config& c) {
   if (splits[1].end_doc > splits[1].begin_doc) {
     d.valid = std::make_shared<const data::GptDataset>(
         indexed, splits[1],
-        data::GptDatasetOptions{c.model.seq_len, c.train.eval_iters * c.train.micro_batch_size, seed, cache, "valid"});
+        data::GptDatasetOptions{c.model.seq_len, c.train.eval_iters * c.train.micro_batch_size * c.parallel.dp, seed,
+                                cache, "valid"});
   }
   return d;
 }
 
-double evaluate(GptModel& model, const Config& c, const data::GptDataset& valid) {
+// What the pipeline runner calls on this rank: embed on the first stage, this stage's blocks, the
+// loss on the last stage. Micro-batch data is loaded before each step by the stages that need it.
+class GptStageFunctions final : public StageFunctions {
+ public:
+  GptStageFunctions(GptModel& model, int64_t microbatches) : model_(model), m_(microbatches) {}
+  std::vector<torch::Tensor> batches;  // [b, s + 1] per micro-batch (first and last stage)
+
+  torch::Tensor forward(int mb, const torch::Tensor& input) override {
+    const auto& st = model_->stage();
+    torch::Tensor x;
+    if (st.is_first || st.is_last) TORCH_CHECK(mb < static_cast<int>(batches.size()), "no data for micro-batch ", mb);
+    const int64_t s = st.is_first || st.is_last ? batches[mb].size(1) - 1 : 0;
+    x = st.is_first ? model_->embed(batches[mb].narrow(1, 0, s)) : input;
+    x = model_->run_layers(x);
+    if (!st.is_last) return x;
+    return model_->head_loss(x, batches[mb].narrow(1, 1, s)) / static_cast<double>(m_);
+  }
+
+ private:
+  GptModel& model_;
+  int64_t m_;
+};
+
+StageRange stage_range(const Config& c, int stage) {
+  const auto counts = c.stage_layer_counts();
+  StageRange r;
+  for (int k = 0; k < stage; ++k) r.first_layer += counts[k];
+  r.num_layers = counts[stage];
+  r.is_first = stage == 0;
+  r.is_last = stage == c.parallel.pp - 1;
+  return r;
+}
+
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+// Gathers every rank's traffic of this step (and peak memory) to all ranks; rank 0 writes rows.
+void record_traffic(Distributed& d, MetricsSink* sink, int64_t step) {
+  constexpr int kPer = 3;
+  const int64_t width = kNumTraffic * 2 * kPer + 1;
+  auto mine = torch::zeros({width}, torch::kDouble);
+  auto a = mine.accessor<double, 1>();
+  for (int c = 0; c < kNumTraffic; ++c) {
+    for (int l = 0; l < 2; ++l) {
+      const auto& t = d.meter.at(static_cast<Traffic>(c), static_cast<Link>(l));
+      const int64_t i = (c * 2 + l) * kPer;
+      a[i] = static_cast<double>(t.bytes), a[i + 1] = static_cast<double>(t.calls), a[i + 2] = t.seconds;
+    }
+  }
+  a[width - 1] = static_cast<double>(peak_rss_bytes());
+  d.meter.reset();
+  auto all = d.world->all_gather(mine.unsqueeze(0), Traffic::kControl, 0);  // [world, width]
+  if (!sink) return;
+  auto g = all.accessor<double, 2>();
+  for (int64_t r = 0; r < all.size(0); ++r) {
+    for (int c = 0; c < kNumTraffic; ++c) {
+      for (int l = 0; l < 2; ++l) {
+        const int64_t i = (c * 2 + l) * kPer;
+        if (g[r][i + 1] == 0) continue;
+        sink->append("traffic", {step, r, int64_t{c}, int64_t{l}, static_cast<int64_t>(g[r][i]),
+                                 static_cast<int64_t>(g[r][i + 1]), g[r][i + 2]});
+      }
+    }
+    sink->append("memory", {step, r, static_cast<int64_t>(g[r][width - 1])});
+  }
+}
+
+// Forward-only pass over the validation micro-batches through the pipeline; mean loss on all ranks.
+double evaluate(GptModel& model, const Config& c, Distributed& d, StageLink& link, const data::GptDataset* valid) {
   torch::NoGradGuard no_grad;
   model->eval();
-  BatchLoader loader(std::shared_ptr<const data::GptDataset>(&valid, [](auto*) {}), c.model.seq_len,
-                     c.train.micro_batch_size);
+  const auto& st = model->stage();
+  std::unique_ptr<BatchLoader> loader;
+  if (valid && (st.is_first || st.is_last)) {
+    loader = std::make_unique<BatchLoader>(std::shared_ptr<const data::GptDataset>(valid, [](auto*) {}), c.model.seq_len,
+                                           c.train.micro_batch_size, d.coord().dp, c.parallel.dp);
+  }
   double sum = 0.0;
-  for (int64_t i = 0; i < c.train.eval_iters; ++i) sum += model->loss(loader.next()).item<double>();
+  for (int mb = 0; mb < c.train.eval_iters; ++mb) {
+    torch::Tensor batch = loader ? loader->next() : torch::Tensor();
+    const int64_t s = c.model.seq_len;
+    auto x = st.is_first ? model->embed(batch.narrow(1, 0, s)) : link.recv_forward(mb);
+    x = model->run_layers(x);
+    if (st.is_last) {
+      sum += model->head_loss(x, batch.narrow(1, 1, s)).item<double>();
+    } else {
+      link.send_forward(x, mb);
+    }
+  }
   model->train();
-  return sum / static_cast<double>(c.train.eval_iters);
+  // Average over micro-batches and data-parallel replicas; known on every rank.
+  const bool reporter = st.is_last && d.coord().tp == 0;
+  auto t = torch::tensor({reporter ? sum / c.train.eval_iters / c.parallel.dp : 0.0}, torch::kDouble);
+  d.world->all_reduce(t, Traffic::kControl);
+  return t.item<double>();
 }
 
 std::string results_path_for(const Config& c, int64_t first_step) {
@@ -93,6 +191,16 @@ std::string results_path_for(const Config& c, int64_t first_step) {
   std::string name = c.run_name();
   if (first_step > 0) name += fmt::format(".resumed-{}", first_step);
   return (fs::path(c.log.dir) / (name + ".h5")).string();
+}
+
+std::string stage_layers_text(const Config& c) {
+  std::string out;
+  int64_t first = 0;
+  for (auto n : c.stage_layer_counts()) {
+    out += fmt::format("{}[{}, {})", out.empty() ? "" : " ", first, first + n);
+    first += n;
+  }
+  return out;
 }
 
 }  // namespace
@@ -120,60 +228,93 @@ int64_t threads_for(const Config& cfg, int64_t local_ranks) {
 }
 
 TrainSummary run_training(Config cfg, const TrainOptions& options) {
+  const LaunchEnv env = detect_launch_env(process_env(), this_hostname());
+  const ParallelDims dims{static_cast<int>(cfg.parallel.tp), static_cast<int>(cfg.parallel.pp),
+                          static_cast<int>(cfg.parallel.dp)};
+  cfg.validate_layout(env.world_size);
+  const int per_node = cfg.parallel.ranks_per_node > 0 ? static_cast<int>(cfg.parallel.ranks_per_node) : env.local_world_size;
+  auto dist = init_distributed(dims, per_node, env,
+                               std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000)));
+  return run_training(std::move(cfg), options, *dist);
+}
+
+TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& d) {
   resolve_vocab(cfg);
-  cfg.validate(/*world_size=*/1);
+  cfg.validate(d.env.world_size);
+  const bool writer = d.rank() == 0;
+  const bool quiet = options.quiet || !writer;
   spdlog::set_level(spdlog::level::from_str(cfg.log.level));
-  set_cpu_threads(threads_for(cfg));
+  set_cpu_threads(threads_for(cfg, d.env.local_world_size));
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
 
-  RunData data = open_data(cfg);
-  GptModel model(gpt_options(cfg));
+  const RankCoord coord = d.coord();
+  const int stages = static_cast<int>(cfg.parallel.pp);
+  const StageRange range = stage_range(cfg, coord.pp);
+  const bool has_data = range.is_first || range.is_last;  // loads micro-batches
+  RunData data = open_data(cfg);  // every rank: middle stages need the split sizes only
+  GptModel model(gpt_options(cfg), d.tp.get(), range);
   model->train();
   auto optimizer = make_adamw(*model, cfg.train);
   const LrSchedule schedule = LrSchedule::from(cfg.train);
-  const CheckpointLayout layout{cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp, 0};
+  const CheckpointLayout layout{cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp, d.rank()};
   const std::string config_yaml = to_yaml(cfg);
+  const int64_t m = cfg.num_micro_batches();
+  const std::vector<int64_t> act_shape{cfg.model.seq_len, cfg.train.micro_batch_size, cfg.model.hidden_size};
+  StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape});
+  auto pipeline = make_schedule(cfg.parallel.schedule);
 
   TrainState state;
   if (options.resume) {
     state = load_checkpoint(*options.resume, *model, *optimizer, layout);
-    spdlog::info("resumed from {} at step {}", *options.resume, state.step);
+    if (!quiet) spdlog::info("resumed from {} at step {}", *options.resume, state.step);
   }
-  BatchLoader loader(data.train, cfg.model.seq_len, cfg.train.micro_batch_size, 0, cfg.parallel.dp,
-                     state.consumed_samples);
+  std::unique_ptr<BatchLoader> loader;
+  if (has_data) {
+    loader = std::make_unique<BatchLoader>(data.train, cfg.model.seq_len, cfg.train.micro_batch_size, coord.dp,
+                                           cfg.parallel.dp, state.consumed_samples);
+  }
 
   TrainSummary summary;
   summary.first_step = state.step;
-  summary.results_path = results_path_for(cfg, state.step);
-  auto attrs = run_attributes(options.command_line);
-  attrs["config"] = config_yaml;
-  attrs["layout"] = fmt::format("tp={} pp={} dp={}", cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp);
-  attrs["resumed_from_step"] = std::to_string(state.step);
-  attrs["network_emulation"] = cfg.network.emulate ? "on" : "off";
-  attrs["parameters"] = std::to_string(count_parameters(model));
-  Hdf5MetricsSink sink(summary.results_path, attrs, result_tables());
-
-  const int64_t micro_batches = cfg.num_micro_batches();
+  std::unique_ptr<Hdf5MetricsSink> sink;
+  if (writer) {
+    summary.results_path = results_path_for(cfg, state.step);
+    auto attrs = run_attributes(options.command_line);
+    attrs["config"] = config_yaml;
+    attrs["layout"] = fmt::format("tp={} pp={} dp={}", cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp);
+    attrs["rank_table"] = d.layout.describe();
+    attrs["stage_layers"] = stage_layers_text(cfg);
+    attrs["launcher"] = d.env.source;
+    attrs["resumed_from_step"] = std::to_string(state.step);
+    attrs["network_emulation"] = cfg.network.emulate ? "on" : "off";
+    attrs["traffic_classes"] = "0 tp, 1 pp_fwd, 2 pp_bwd, 3 dp, 4 embedding, 5 control; link 0 intra, 1 inter";
+    sink = std::make_unique<Hdf5MetricsSink>(summary.results_path, attrs, result_tables());
+  }
   const int64_t tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_len;
-  if (!options.quiet) {
-    spdlog::info("model: {} layers, h={}, heads={}, seq={}, vocab={} (padded {}), {:.2f}M parameters",
+  if (!quiet) {
+    spdlog::info("model: {} layers, h={}, heads={}, seq={}, vocab={} (padded {}); layout tp={} pp={} dp={}, stages {}",
                  cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_heads, cfg.model.seq_len,
-                 cfg.model.vocab_size, cfg.padded_vocab_size(), count_parameters(model) / 1e6);
-    spdlog::info("training {} steps of {} sequences ({} micro-batches of {}), {} threads; results -> {}",
-                 cfg.train.train_steps, cfg.train.global_batch_size, micro_batches,
-                 cfg.train.micro_batch_size, at::get_num_threads(), summary.results_path);
+                 cfg.model.vocab_size, cfg.padded_vocab_size(), cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp,
+                 stage_layers_text(cfg));
+    if (d.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d.env.source, d.layout.describe());
+    spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), {} threads/rank; results -> {}",
+                 cfg.train.train_steps, cfg.train.global_batch_size, m, cfg.train.micro_batch_size,
+                 at::get_num_threads(), summary.results_path);
   }
 
   auto run_eval = [&](int64_t step) {
-    if (!data.valid) return;
-    const double loss = evaluate(model, cfg, *data.valid);
+    if (!data.valid) return;  // empty validation split (the same on every rank)
+    const double loss = evaluate(model, cfg, d, link, data.valid.get());
     const double ppl = std::exp(std::min(20.0, loss));
     summary.eval_losses.push_back(loss);
-    sink.append("eval", {step, loss, ppl});
-    sink.flush();
-    if (!options.quiet) spdlog::info("eval  step {:>6} | valid loss {:.4f} | ppl {:.2f}", step, loss, ppl);
+    if (sink) {
+      sink->append("eval", {step, loss, ppl});
+      sink->flush();
+    }
+    if (!quiet) spdlog::info("eval  step {:>6} | valid loss {:.4f} | ppl {:.2f}", step, loss, ppl);
   };
 
+  GptStageFunctions stage_fn(model, m);
   const auto params = model->parameters();
   double seconds_run = 0.0;
   while (state.step < cfg.train.train_steps) {
@@ -181,52 +322,59 @@ TrainSummary run_training(Config cfg, const TrainOptions& options) {
     const double lr = schedule.at(state.step);
     set_lr(*optimizer, lr);
     optimizer->zero_grad();
-    double loss_sum = 0.0;
-    for (int64_t i = 0; i < micro_batches; ++i) {
-      auto loss = model->loss(loader.next()) / static_cast<double>(micro_batches);
-      loss.backward();
-      loss_sum += loss.item<double>();
-    }
-    if (!std::isfinite(loss_sum)) {
-      throw std::runtime_error(fmt::format("training diverged: loss is {} at step {}. Fix: lower "
-                                           "train.lr or raise train.warmup_steps.",
-                                           loss_sum, state.step + 1));
-    }
-    const double grad_norm = clip_grad_global_norm(params, cfg.train.clip_grad);
+    stage_fn.batches.clear();
+    for (int64_t i = 0; i < m && loader; ++i) stage_fn.batches.push_back(loader->next());
+    const auto result = run_pipeline_step(*pipeline, stage_fn, link, static_cast<int>(m));
+    reduce_data_parallel_grads(params, *d.dp);
+    sync_tied_embedding_grad(model, d.embedding.get());
+    const double grad_norm = global_grad_norm(model, d.model_parallel.get(), coord.tp, stages);
+    clip_grads_to(params, grad_norm, cfg.train.clip_grad);
     optimizer->step();
     state.step += 1;
-    state.consumed_samples = loader.consumed_samples();
+    state.consumed_samples += cfg.train.global_batch_size;
 
+    // The loss lives on the last stage: average over data-parallel replicas, known everywhere.
+    auto loss_t = torch::tensor({range.is_last && coord.tp == 0 ? result.loss / cfg.parallel.dp : 0.0}, torch::kDouble);
+    d.world->all_reduce(loss_t, Traffic::kControl);
+    const double loss = loss_t.item<double>();
+    if (!std::isfinite(loss)) {
+      throw std::runtime_error(fmt::format("training diverged: loss is {} at step {}. Fix: lower "
+                                           "train.lr or raise train.warmup_steps.",
+                                           loss, state.step));
+    }
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     seconds_run += dt;
-    summary.train_losses.push_back(loss_sum);
-    sink.append("train", {state.step, loss_sum, lr, grad_norm, dt, tokens_per_step / dt});
+    summary.train_losses.push_back(loss);
+    record_traffic(d, sink.get(), state.step);
+    if (sink) sink->append("train", {state.step, loss, lr, grad_norm, dt, tokens_per_step / dt});
     if (state.step % cfg.log.interval == 0 || state.step == cfg.train.train_steps) {
-      sink.flush();
+      if (sink) sink->flush();
       const double avg = seconds_run / static_cast<double>(state.step - summary.first_step);
-      if (!options.quiet) {
+      if (!quiet) {
         spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:>8.0f} tok/s | "
                      "{:.0f} ms/step | ETA {}",
-                     state.step, cfg.train.train_steps, loss_sum, lr, grad_norm, tokens_per_step / avg,
-                     avg * 1e3, format_eta(avg * (cfg.train.train_steps - state.step)));
+                     state.step, cfg.train.train_steps, loss, lr, grad_norm, tokens_per_step / avg, avg * 1e3,
+                     format_eta(avg * (cfg.train.train_steps - state.step)));
       }
     }
-    if (cfg.train.eval_interval > 0 && state.step % cfg.train.eval_interval == 0 &&
-        state.step != cfg.train.train_steps) {
+    if (cfg.train.eval_interval > 0 && state.step % cfg.train.eval_interval == 0 && state.step != cfg.train.train_steps) {
       run_eval(state.step);
     }
     const bool periodic = cfg.checkpoint.interval > 0 && state.step % cfg.checkpoint.interval == 0;
     const bool final = cfg.checkpoint.save_final && state.step == cfg.train.train_steps;
     if (periodic || final) {
-      sink.flush();
-      summary.last_checkpoint = save_checkpoint(cfg.checkpoint_dir(), state, *model, *optimizer, layout,
-                                                config_yaml, cfg.checkpoint.keep);
-      if (!options.quiet) spdlog::info("checkpoint -> {}", summary.last_checkpoint);
+      if (sink) sink->flush();
+      summary.last_checkpoint = save_checkpoint(cfg.checkpoint_dir(), state, *model, *optimizer, layout, config_yaml,
+                                                cfg.checkpoint.keep, [&] { d.world->barrier(); });
+      if (!quiet) spdlog::info("checkpoint -> {}", summary.last_checkpoint);
     }
   }
   run_eval(state.step);
-  sink.flush();
+  if (sink) sink->flush();
   summary.last_step = state.step;
+  if (options.keep_parameters) {
+    for (const auto& p : model->named_parameters()) summary.parameters[p.key()] = p.value().detach().clone();
+  }
   return summary;
 }
 

@@ -1,34 +1,49 @@
-// The training loop on one rank: data -> GPT -> AdamW, with evaluation, progress lines, HDF5
-// results and checkpoints. (The 3D-parallel runner replaces the single-rank step in issue 3.)
+// The training loop of one rank under tensor x pipeline x data parallelism:
+//   data -> GPT stage (TP layers) -> 1F1B pipeline step -> DP all-reduce -> tied-embedding sync ->
+//   global-norm clipping -> AdamW,
+// with evaluation, progress lines, HDF5 results (written by global rank 0, with every rank's
+// traffic gathered to it) and per-rank checkpoints. A world of one rank runs the same code with
+// every group of size one.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <torch/torch.h>
 
 #include "harness/config.h"
 #include "models/gpt.h"
 
 namespace optcc {
 
+struct Distributed;
+
 struct TrainOptions {
   std::optional<std::string> resume;  // checkpoint dir (iter_* or its parent with `latest`)
   std::string command_line;           // recorded in the results file
   bool quiet = false;                 // no progress lines (tests)
+  bool keep_parameters = false;       // return the final parameters in the summary (tests)
 };
 
 struct TrainSummary {
   int64_t first_step = 0;            // steps completed before this run (0 unless resumed)
   int64_t last_step = 0;             // steps completed at the end
-  std::vector<double> train_losses;  // one per step run, nats
-  std::vector<double> eval_losses;   // one per evaluation, nats
-  std::string results_path;          // the HDF5 file written
+  std::vector<double> train_losses;  // one per step run, nats (the same on every rank)
+  std::vector<double> eval_losses;   // one per evaluation, nats (the same on every rank)
+  std::string results_path;          // the HDF5 file written (by global rank 0)
   std::string last_checkpoint;       // "" if none written
+  std::map<std::string, torch::Tensor> parameters;  // keep_parameters: this rank's, by name
 };
 
-/// Runs `cfg` (validated here; throws ConfigError before any work on bad input, and
-/// std::runtime_error on bad data files or a non-finite loss). Single rank: world size 1.
+/// Runs `cfg` on the ranks the launch environment describes (local launcher, Slurm, torchrun, or
+/// one process). Throws ConfigError before any work on bad input, std::runtime_error on bad data
+/// files or a non-finite loss, CommError when a peer fails.
 TrainSummary run_training(Config cfg, const TrainOptions& options);
+
+/// The same on an already initialised world (tests build one from ranks as threads).
+TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& dist);
 
 /// The model options a validated config describes (vocab resolved; seed = train.seed).
 GptOptions gpt_options(const Config& cfg);

@@ -109,6 +109,10 @@ torch::Tensor GptModelImpl::run_layers(torch::Tensor x) {
 
 torch::Tensor GptModelImpl::head_loss(const torch::Tensor& x, const torch::Tensor& labels) {
   TORCH_CHECK(stage_.is_last, "head_loss() called on a stage without the output layer");
+  if (tp_size(tp_) == 1) {  // one rank: logits over the true vocabulary only (no padded columns)
+    auto logits = torch::matmul(final_ln(x), embedding->weight.narrow(0, 0, opt_.vocab_size).t());
+    return F::cross_entropy(logits.reshape({-1, opt_.vocab_size}), labels.t().reshape({-1}));
+  }
   auto logits = parallel_lm_logits(final_ln(x), embedding->weight, tp_);  // [s, b, Vp/t]
   auto per_token = vocab_parallel_cross_entropy(logits, labels.t(), embedding->vocab_start(), opt_.vocab_size, tp_);
   return per_token.mean();

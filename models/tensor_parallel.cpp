@@ -160,6 +160,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, Communicat
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
+  if (trivial(tp_)) return F::linear(x, weight, bias);  // one rank: the fused GEMM + bias
   auto x_local = input_is_parallel_ ? x : scatter_to_tp_region(x, tp_);  // [.., in/t]
   return reduce_from_tp_region(F::linear(x_local, weight), tp_) + bias;  // bias once, after the sum
 }
