@@ -1,0 +1,96 @@
+// Failure during training: one of 4 forked training ranks (PP2 x DP2) is killed with SIGKILL in
+// the middle of the run; the whole run must end within the configured timeout, non-zero, and the
+// launcher must name the dead rank. No hang.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "tests/support/synthetic_corpus.h"
+
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// The child of `parent` whose environment holds OPTCC_RANK=<rank>, or -1.
+pid_t find_rank(pid_t parent, int rank) {
+  DIR* proc = opendir("/proc");
+  pid_t found = -1;
+  while (dirent* e = readdir(proc)) {
+    const pid_t pid = static_cast<pid_t>(atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::string stat = slurp("/proc/" + std::to_string(pid) + "/stat");
+    const auto close_paren = stat.rfind(')');
+    if (close_paren == std::string::npos) continue;
+    std::istringstream fields(stat.substr(close_paren + 2));
+    char state;
+    pid_t ppid;
+    fields >> state >> ppid;
+    if (ppid != parent) continue;
+    std::string env = slurp("/proc/" + std::to_string(pid) + "/environ");
+    if (env.find(std::string("OPTCC_RANK=") + std::to_string(rank) + '\0') != std::string::npos) found = pid;
+  }
+  closedir(proc);
+  return found;
+}
+
+TEST(LocalLaunch, KilledTrainingRankEndsTheRun) {
+  optcc::testing::TempDir dir;
+  optcc::testing::write_synthetic_corpus(dir / "corpus", 64, 200);
+  const std::string log = dir / "log.txt";
+  std::vector<std::string> args = {
+      std::string(OPTCC_BINARY_DIR) + "/optcc", "train", "--nproc", "4", "--config",
+      std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml",
+      "--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data"),
+      "--set", "data.split=100,0,0", "--set", "model.vocab_size=64", "--set", "parallel.pp=2",
+      "--set", "parallel.dp=2", "--set", "train.train_steps=100000", "--set", "train.threads=1",
+      "--set", "log.interval=1", "--set", "log.dir=" + (dir / "results"), "--set", "parallel.timeout_seconds=5"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t launcher = 0;
+  ASSERT_EQ(posix_spawn(&launcher, argv[0], &fa, nullptr, argv.data(), environ), 0);
+
+  // Wait until training runs (step 3 logged), then kill rank 2 (stage 1, dp 0).
+  const auto start = std::chrono::steady_clock::now();
+  while (slurp(log).find("step      3/") == std::string::npos) {
+    ASSERT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(60)) << slurp(log);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const pid_t victim = find_rank(launcher, 2);
+  ASSERT_GT(victim, 0) << "rank 2 not found among the launcher's children";
+  const auto killed_at = std::chrono::steady_clock::now();
+  kill(victim, SIGKILL);
+
+  int status = 0;
+  while (waitpid(launcher, &status, WNOHANG) == 0) {
+    ASSERT_LT(std::chrono::steady_clock::now() - killed_at, std::chrono::seconds(5 + 5 + 10)) << "run did not end";
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << slurp(log);
+  EXPECT_THAT(slurp(log), ::testing::HasSubstr("rank 2 was killed by signal 9"));
+  EXPECT_LT(seconds, 10.0);
+  std::printf("run ended %.2f s after rank 2 was killed\n", seconds);
+}
+
+}  // namespace
