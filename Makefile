@@ -1,13 +1,14 @@
 # optcc — the README's commands. `make demo` and `make test` do all set-up on a fresh Debian 12.
 BUILD   ?= build
 JOBS    ?= $(shell nproc)
-CONFIG  ?= experiments/demo.yaml
+CONFIG  ?= experiments/demo-3d.yaml
+NPROC   ?= 8
 OPTCC   := $(BUILD)/optcc
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # Debian's python3 has h5py; a pyenv/conda python3 earlier on PATH may not.
 PYTHON  ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 
-.PHONY: all deps configure build data demo test test-fast bench clean
+.PHONY: all deps configure build data demo demo-1rank test test-fast bench clean
 
 all: build
 
@@ -25,10 +26,14 @@ data: build
 	$(OPTCC) data fetch --config $(CONFIG)
 	$(OPTCC) data prepare --config $(CONFIG)
 
-# The main job on the embedded default: real corpus, local CPU.
+# The main job on the embedded default: real corpus, TP2 x PP2 x DP2 = 8 local ranks on CPU.
 demo: data
-	$(OPTCC) train --config $(CONFIG)
+	$(OPTCC) train --config $(CONFIG) --nproc $(NPROC)
 	$(PYTHON) scripts/h5summary.py results/$(basename $(notdir $(CONFIG))).h5
+
+# The same model on one rank (the single-process baseline).
+demo-1rank:
+	$(MAKE) demo CONFIG=experiments/demo.yaml NPROC=1
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

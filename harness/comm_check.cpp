@@ -31,7 +31,7 @@ int run_comm_check(const Config& cfg, const CommCheckOptions& options) {
                                                        : env.local_world_size;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000));
   auto d = init_distributed(dims, per_node, env, timeout);
-  if (env.rank == 0 && !options.quiet) spdlog::info("layout ({} launcher):\n{}", env.source, d->layout.describe());
+  if (env.rank == 0 && !options.quiet) spdlog::info("layout ({} launcher):\n{}", env.source, rank_table(*d));
   if (env.rank == options.die_rank) raise(SIGKILL);
 
   check_group(d->world.get(), "world", env.rank);

@@ -64,6 +64,15 @@ std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int rank
                                 env.rank, env.master_addr, env.master_port, env.world_size, env.source,
                                 timeout.count(), e.what()));
   }
+  d->hosts.assign(env.world_size, this_hostname());
+  if (d->store) {  // everyone publishes its host name; every rank reads all (blocking, with timeout)
+    const std::string mine = this_hostname();
+    d->store->set(fmt::format("host/{}", env.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    for (int r = 0; r < env.world_size; ++r) {
+      const auto v = d->store->get(fmt::format("host/{}", r));
+      d->hosts[r] = std::string(v.begin(), v.end());
+    }
+  }
   std::vector<int> all(env.world_size);
   for (int i = 0; i < env.world_size; ++i) all[i] = i;
   ProcessGroupPtr world_pg;
@@ -76,6 +85,15 @@ std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int rank
   d->embedding = make_group(*d, GroupKind::kEmbedding, timeout);
   d->fused_embedding = make_group(*d, GroupKind::kFusedEmbedding, timeout);
   return d;
+}
+
+std::string rank_table(const Distributed& d) {
+  std::string out = fmt::format("  {:>5} {:>4} {:>4} {:>4} {:>5}  host\n", "rank", "tp", "dp", "pp", "node");
+  for (int r = 0; r < d.layout.world(); ++r) {
+    const RankCoord c = d.layout.coord(r);
+    out += fmt::format("  {:>5} {:>4} {:>4} {:>4} {:>5}  {}\n", r, c.tp, c.dp, c.pp, d.layout.node_of(r), d.hosts[r]);
+  }
+  return out;
 }
 
 int free_local_port() {

@@ -22,6 +22,7 @@ struct Distributed {
   TrafficMeter meter;
   c10::intrusive_ptr<c10d::Store> store;
   std::unique_ptr<Communicator> world, tp, dp, pp, model_parallel, embedding, fused_embedding;
+  std::vector<std::string> hosts;  // host of every rank (exchanged through the store at start-up)
   int rank() const { return env.rank; }
   RankCoord coord() const { return layout.coord(env.rank); }
 };
@@ -35,6 +36,9 @@ struct Distributed {
 std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int ranks_per_node, const LaunchEnv& env,
                                               std::chrono::milliseconds timeout,
                                               c10::intrusive_ptr<c10d::Store> store = {});
+
+/// The start-up table: rank -> (tp, dp, pp) -> node -> host, one line per rank.
+std::string rank_table(const Distributed& d);
 
 /// Forks + execs `argv` (this binary's arguments; argv[0] is replaced by /proc/self/exe) `nproc`
 /// times with OPTCC_RANK / OPTCC_WORLD_SIZE / OPTCC_LOCAL_RANK / OPTCC_LOCAL_WORLD_SIZE /

@@ -282,7 +282,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     auto attrs = run_attributes(options.command_line);
     attrs["config"] = config_yaml;
     attrs["layout"] = fmt::format("tp={} pp={} dp={}", cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp);
-    attrs["rank_table"] = d.layout.describe();
+    attrs["rank_table"] = rank_table(d);
     attrs["stage_layers"] = stage_layers_text(cfg);
     attrs["launcher"] = d.env.source;
     attrs["resumed_from_step"] = std::to_string(state.step);
@@ -296,7 +296,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
                  cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_heads, cfg.model.seq_len,
                  cfg.model.vocab_size, cfg.padded_vocab_size(), cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp,
                  stage_layers_text(cfg));
-    if (d.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d.env.source, d.layout.describe());
+    if (d.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d.env.source, rank_table(d));
     spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), {} threads/rank; results -> {}",
                  cfg.train.train_steps, cfg.train.global_batch_size, m, cfg.train.micro_batch_size,
                  at::get_num_threads(), summary.results_path);
