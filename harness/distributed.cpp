@@ -126,8 +126,7 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
              {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}}) {
       env_s.push_back(k + "=" + v);
     }
-    std::vector<std::string> args = argv;
-    args[0] = "/proc/self/exe";
+    std::vector<std::string> args = argv;  // argv[0] kept as typed (shown in logs and results)
     std::vector<char*> cargv, cenv;
     for (auto& a : args) cargv.push_back(a.data());
     cargv.push_back(nullptr);

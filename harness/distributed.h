@@ -40,7 +40,7 @@ std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int rank
 /// The start-up table: rank -> (tp, dp, pp) -> node -> host, one line per rank.
 std::string rank_table(const Distributed& d);
 
-/// Forks + execs `argv` (this binary's arguments; argv[0] is replaced by /proc/self/exe) `nproc`
+/// Forks + execs this binary (/proc/self/exe) with `argv` (argv[0] as the user typed it) `nproc`
 /// times with OPTCC_RANK / OPTCC_WORLD_SIZE / OPTCC_LOCAL_RANK / OPTCC_LOCAL_WORLD_SIZE /
 /// MASTER_ADDR=127.0.0.1 / MASTER_PORT (a free port) set, and waits. When a rank exits non-zero or
 /// by a signal, the others get SIGTERM, then SIGKILL after `grace`; the message names the rank and
