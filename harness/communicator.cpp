@@ -145,32 +145,28 @@ void Communicator::barrier() {
   wait_work(pg_->barrier(), describe("barrier", 0));
 }
 
-CommHandle Communicator::send(const torch::Tensor& t, int peer, Traffic cls, int tag) {
-  TORCH_CHECK(t.is_contiguous(), "send needs a contiguous tensor");
-  TORCH_CHECK(peer != rank_ && peer >= 0 && peer < size(), "send: bad peer ", peer, " in group ", name_);
+CommHandle Communicator::post_p2p(bool is_send, torch::Tensor& t, int peer, Traffic cls, int tag) {
+  const char* op = is_send ? "send" : "recv";
+  TORCH_CHECK(t.is_contiguous(), op, " needs a contiguous tensor");
+  TORCH_CHECK(peer != rank_ && peer >= 0 && peer < size(), op, ": bad peer ", peer, " in group ", name_);
   std::vector<torch::Tensor> ts{t};
   CommHandle h;
   h.start_ = Clock::now();
-  h.work_ = pg_->send(ts, peer, tag);
+  h.work_ = is_send ? pg_->send(ts, peer, tag) : pg_->recv(ts, peer, tag);
   h.comm_ = this;
-  h.what_ = describe(fmt::format("send to group rank {} (tag {})", peer, tag), nbytes(t));
+  h.what_ = describe(fmt::format("{} {} group rank {} (tag {})", op, is_send ? "to" : "from", peer, tag), nbytes(t));
   h.cls_ = cls;
-  h.bytes_ = nbytes(t);
+  h.bytes_ = is_send ? nbytes(t) : 0;  // the sender accounts the bytes
   return h;
 }
 
+CommHandle Communicator::send(const torch::Tensor& t, int peer, Traffic cls, int tag) {
+  torch::Tensor shallow = t;  // c10d takes non-const tensors; a send never writes them
+  return post_p2p(true, shallow, peer, cls, tag);
+}
+
 CommHandle Communicator::recv(torch::Tensor& t, int peer, Traffic cls, int tag) {
-  TORCH_CHECK(t.is_contiguous(), "recv needs a contiguous tensor");
-  TORCH_CHECK(peer != rank_ && peer >= 0 && peer < size(), "recv: bad peer ", peer, " in group ", name_);
-  std::vector<torch::Tensor> ts{t};
-  CommHandle h;
-  h.start_ = Clock::now();
-  h.work_ = pg_->recv(ts, peer, tag);
-  h.comm_ = this;
-  h.what_ = describe(fmt::format("recv from group rank {} (tag {})", peer, tag), nbytes(t));
-  h.cls_ = cls;
-  h.bytes_ = 0;  // the sender accounts the bytes
-  return h;
+  return post_p2p(false, t, peer, cls, tag);
 }
 
 void CommHandle::wait() {

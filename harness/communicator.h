@@ -127,6 +127,7 @@ class Communicator {
  private:
   friend class CommHandle;
   void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
+  CommHandle post_p2p(bool is_send, torch::Tensor& t, int peer, Traffic cls, int tag);
   void record(Traffic cls, int64_t bytes, double seconds);
   std::string describe(const std::string& op, int64_t bytes) const;
 

@@ -62,3 +62,23 @@ void run_ranks(int world, F fn, std::chrono::milliseconds timeout = std::chrono:
 }
 
 }  // namespace optcc::testing
+
+#include "harness/distributed.h"
+
+namespace optcc::testing {
+
+/// Runs fn(rank, Distributed&) on tp*pp*dp threads, each with a full Distributed (all layout groups)
+/// over the shared HashStore, all ranks on one node.
+template <class F>
+void run_layout(ParallelDims dims, F fn) {
+  const int world = dims.world();
+  run_ranks(world, [&](const RankContext& ctx) {
+    LaunchEnv env;
+    env.rank = ctx.rank, env.world_size = world, env.local_rank = ctx.rank, env.local_world_size = world;
+    env.source = "threads";
+    auto dist = init_distributed(dims, world, env, ctx.timeout, ctx.store);
+    fn(ctx.rank, *dist);
+  });
+}
+
+}  // namespace optcc::testing

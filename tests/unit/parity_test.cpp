@@ -77,13 +77,8 @@ TEST_P(Parity, LossesAndFinalWeightsMatchSingleRank) {
   const int world = dims.tp * dims.pp * dims.dp;
   const Config cfg = parity_config(dir, dims);
   std::vector<TrainSummary> out(world);
-  testing::run_ranks(world, [&](const testing::RankContext& ctx) {
-    LaunchEnv env;
-    env.rank = ctx.rank, env.world_size = world, env.local_rank = ctx.rank, env.local_world_size = world;
-    env.source = "threads";
-    auto dist = init_distributed({dims.tp, dims.pp, dims.dp}, world, env, ctx.timeout, ctx.store);
-    out[ctx.rank] = run_training(cfg, opt, *dist);
-  });
+  testing::run_layout({dims.tp, dims.pp, dims.dp},
+                      [&](int rank, Distributed& dist) { out[rank] = run_training(cfg, opt, dist); });
 
   double max_loss_rel = 0, max_weight = 0;
   for (int r = 0; r < world; ++r) {
@@ -153,12 +148,8 @@ TEST(Traffic, MeasuredBytesEqualFormulas) {
   opt.quiet = true;
   opt.keep_parameters = true;
   std::vector<TrainSummary> out(world);
-  testing::run_ranks(world, [&](const testing::RankContext& ctx) {
-    LaunchEnv env;
-    env.rank = ctx.rank, env.world_size = world, env.local_rank = ctx.rank, env.local_world_size = world;
-    auto dist = init_distributed({dims.tp, dims.pp, dims.dp}, world, env, ctx.timeout, ctx.store);
-    out[ctx.rank] = run_training(cfg, opt, *dist);
-  });
+  testing::run_layout({dims.tp, dims.pp, dims.dp},
+                      [&](int rank, Distributed& dist) { out[rank] = run_training(cfg, opt, dist); });
   H5::H5File f(out[0].results_path, H5F_ACC_RDONLY);
   const auto step = read_column(f, "/traffic/step"), rank = read_column(f, "/traffic/rank");
   const auto cls = read_column(f, "/traffic/class"), bytes = read_column(f, "/traffic/bytes");
@@ -193,7 +184,6 @@ TEST(Traffic, MeasuredBytesEqualFormulas) {
 // Per-rank checkpoints on TP2 x PP2 x DP2: a run resumed at step 2 continues bit-identically.
 TEST(Resume3D, BitIdenticalOnSameLayout) {
   const Dims dims{2, 2, 2};
-  const int world = 8;
   testing::TempDir dir;
   testing::write_synthetic_corpus(dir / "corpus", 64, 300);
   auto run = [&](int64_t steps, bool save, std::optional<std::string> resume) {
@@ -202,10 +192,7 @@ TEST(Resume3D, BitIdenticalOnSameLayout) {
     cfg.checkpoint.dir = dir / "ckpt";
     cfg.checkpoint.interval = save ? 2 : 0;
     std::vector<double> losses;
-    testing::run_ranks(world, [&](const testing::RankContext& ctx) {
-      LaunchEnv env;
-      env.rank = ctx.rank, env.world_size = world, env.local_rank = ctx.rank, env.local_world_size = world;
-      auto dist = init_distributed({dims.tp, dims.pp, dims.dp}, world, env, ctx.timeout, ctx.store);
+    testing::run_layout({dims.tp, dims.pp, dims.dp}, [&](int rank, Distributed& dist) {
       TrainOptions opt;
       opt.quiet = true;
       opt.resume = resume;
@@ -214,8 +201,8 @@ TEST(Resume3D, BitIdenticalOnSameLayout) {
         c.train.decay_steps = 4 - c.train.warmup_steps;
         c.train.train_steps = steps;
       }
-      auto s = run_training(c, opt, *dist);
-      if (ctx.rank == 0) losses = s.train_losses;
+      auto s = run_training(c, opt, dist);
+      if (rank == 0) losses = s.train_losses;
     });
     return losses;
   };
