@@ -54,6 +54,12 @@ std::vector<TableSpec> result_tables() {
         {"calls", ColumnType::kInt64, ""},
         {"seconds", ColumnType::kFloat64, "s"}}},
       {"memory", {{"step", ColumnType::kInt64, "steps"}, {"rank", ColumnType::kInt64, ""}, {"peak_rss_bytes", ColumnType::kInt64, "bytes"}}},
+      // Every rank's own timing of each step (BR-19): its pipeline schedule, then the whole step.
+      {"timing",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"pipeline_seconds", ColumnType::kFloat64, "s"},
+        {"step_seconds", ColumnType::kFloat64, "s"}}},
   };
 }
 
@@ -125,10 +131,10 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
-// Gathers every rank's traffic of this step (and peak memory) to all ranks; rank 0 writes rows.
-void record_traffic(Distributed& d, MetricsSink* sink, int64_t step) {
+// Gathers every rank's traffic of this step, peak memory and timings to all ranks; rank 0 writes.
+void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double pipeline_seconds, double step_seconds) {
   constexpr int kPer = 3;
-  const int64_t width = kNumTraffic * 2 * kPer + 1;
+  const int64_t width = kNumTraffic * 2 * kPer + 3;
   auto mine = torch::zeros({width}, torch::kDouble);
   auto a = mine.accessor<double, 1>();
   for (int c = 0; c < kNumTraffic; ++c) {
@@ -138,7 +144,9 @@ void record_traffic(Distributed& d, MetricsSink* sink, int64_t step) {
       a[i] = static_cast<double>(t.bytes), a[i + 1] = static_cast<double>(t.calls), a[i + 2] = t.seconds;
     }
   }
-  a[width - 1] = static_cast<double>(peak_rss_bytes());
+  a[width - 3] = static_cast<double>(peak_rss_bytes());
+  a[width - 2] = pipeline_seconds;
+  a[width - 1] = step_seconds;
   d.meter.reset();
   auto all = d.world->all_gather(mine.unsqueeze(0), Traffic::kControl, 0);  // [world, width]
   if (!sink) return;
@@ -152,7 +160,8 @@ void record_traffic(Distributed& d, MetricsSink* sink, int64_t step) {
                                  static_cast<int64_t>(g[r][i + 1]), g[r][i + 2]});
       }
     }
-    sink->append("memory", {step, r, static_cast<int64_t>(g[r][width - 1])});
+    sink->append("memory", {step, r, static_cast<int64_t>(g[r][width - 3])});
+    sink->append("timing", {step, r, g[r][width - 2], g[r][width - 1]});
   }
 }
 
@@ -345,7 +354,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     seconds_run += dt;
     summary.train_losses.push_back(loss);
-    record_traffic(d, sink.get(), state.step);
+    record_rank_stats(d, sink.get(), state.step, result.seconds, dt);
     if (sink) sink->append("train", {state.step, loss, lr, grad_norm, dt, tokens_per_step / dt});
     if (state.step % cfg.log.interval == 0 || state.step == cfg.train.train_steps) {
       if (sink) sink->flush();
