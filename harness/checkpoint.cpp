@@ -41,7 +41,8 @@ int64_t read_scalar(torch::serialize::InputArchive& ar, const std::string& key) 
 std::string save_checkpoint(const std::string& dir, const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
                             const std::string& config_yaml, int64_t keep,
-                            const std::function<void()>& barrier) {
+                            const std::function<void()>& barrier,
+                            const std::map<std::string, at::Generator>& generators) {
   const fs::path ckpt_dir = fs::path(dir) / fmt::format("iter_{:07d}", state.step);
   std::error_code ec;
   fs::create_directories(ckpt_dir, ec);
@@ -59,6 +60,7 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
   optimizer.save(opt_ar);
   ar.write("optimizer", opt_ar);
   ar.write("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
+  for (const auto& [name, gen] : generators) ar.write("rng/" + name, gen.get_state());
 
   const std::string file = rank_file(ckpt_dir, layout.rank);
   const std::string tmp = file + ".tmp";
@@ -91,7 +93,8 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 }
 
 TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer, const CheckpointLayout& layout) {
+                           torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
+                           const std::map<std::string, at::Generator>& generators) {
   fs::path ckpt_dir = ckpt;
   if (fs::exists(ckpt_dir / "latest")) ckpt_dir = *latest_checkpoint(ckpt);
   const std::string file = rank_file(ckpt_dir, layout.rank);
@@ -142,6 +145,15 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
   ar.read("rng/cpu", rng);
   at::Generator gen = at::detail::getDefaultCPUGenerator();
   gen.set_state(rng);
+  for (auto [name, g] : generators) {
+    torch::Tensor state;
+    try {
+      ar.read("rng/" + name, state);
+    } catch (const c10::Error&) {
+      throw std::runtime_error(fmt::format("checkpoint: {} lacks the '{}' generator state", file, name));
+    }
+    g.set_state(state);
+  }
   return TrainState{read_scalar(ar, "meta/step"), read_scalar(ar, "meta/consumed_samples")};
 }
 

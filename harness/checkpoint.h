@@ -9,6 +9,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -32,15 +33,18 @@ struct CheckpointLayout {
 std::string save_checkpoint(const std::string& dir, const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
                             const std::string& config_yaml, int64_t keep,
-                            const std::function<void()>& barrier = [] {});
+                            const std::function<void()>& barrier = [] {},
+                            const std::map<std::string, at::Generator>& generators = {});
 
 /// The checkpoint directory `latest` points to under `dir`, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
 /// Loads this rank's file from checkpoint directory `ckpt` (an iter_* directory, or a directory
-/// holding `latest`) into model/optimizer and the default CPU generator. Throws
+/// holding `latest`) into model/optimizer, the default CPU generator and `generators` (saved under
+/// the same names, e.g. the model's attention-dropout generator). Throws
 /// std::runtime_error naming the file and the mismatch (layout, missing tensor, shape).
 TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer, const CheckpointLayout& layout);
+                           torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
+                           const std::map<std::string, at::Generator>& generators = {});
 
 }  // namespace optcc

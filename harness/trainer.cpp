@@ -274,7 +274,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
 
   TrainState state;
   if (options.resume) {
-    state = load_checkpoint(*options.resume, *model, *optimizer, layout);
+    state = load_checkpoint(*options.resume, *model, *optimizer, layout, {{"attention", model->attention_generator()}});
     if (!quiet) spdlog::info("resumed from {} at step {}", *options.resume, state.step);
   }
   std::unique_ptr<BatchLoader> loader;
@@ -374,7 +374,8 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     if (periodic || final) {
       if (sink) sink->flush();
       summary.last_checkpoint = save_checkpoint(cfg.checkpoint_dir(), state, *model, *optimizer, layout, config_yaml,
-                                                cfg.checkpoint.keep, [&] { d.world->barrier(); });
+                                                cfg.checkpoint.keep, [&] { d.world->barrier(); },
+                                                {{"attention", model->attention_generator()}});
       if (!quiet) spdlog::info("checkpoint -> {}", summary.last_checkpoint);
     }
   }

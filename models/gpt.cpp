@@ -1,5 +1,6 @@
 #include "models/gpt.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
 #include <cmath>
@@ -25,10 +26,19 @@ torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
   return p > 0 ? F::dropout(x, F::DropoutFuncOptions().p(p).training(training)) : x;
 }
 
+// Dropout with an explicit generator: keep with probability 1 - p, scale by 1 / (1 - p).
+torch::Tensor dropout_with(const torch::Tensor& x, double p, bool training, at::Generator& gen) {
+  if (!(p > 0) || !training) return x;
+  auto keep = torch::empty_like(x).bernoulli_(1.0 - p, gen);
+  return x * keep * (1.0 / (1.0 - p));
+}
+
 }  // namespace
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptOptions& o, int64_t layer, Communicator* tp)
-    : local_heads_(o.num_heads / tp_size(tp)), head_dim_(o.hidden_size / o.num_heads), dropout_(o.attention_dropout) {
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptOptions& o, int64_t layer, Communicator* tp,
+                                                 at::Generator rng)
+    : local_heads_(o.num_heads / tp_size(tp)), head_dim_(o.hidden_size / o.num_heads), dropout_(o.attention_dropout),
+      rng_(std::move(rng)) {
   TORCH_CHECK(o.num_heads % tp_size(tp) == 0, "num_heads ", o.num_heads, " not divisible by TP size ", tp_size(tp));
   const int64_t h = o.hidden_size;
   qkv = register_module("qkv", ColumnParallelLinear(h, 3 * h, tp, false, o.init_std, o.seed, layer_tag(layer, 0)));
@@ -44,7 +54,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto scores = torch::matmul(q, qkv5[1].transpose(-2, -1));  // [b, heads/t, s, s]
   const auto& mask = s == causal_mask_.size(0) ? causal_mask_ : torch::ones({s, s}, torch::kBool).triu(1);
   scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
-  auto probs = maybe_dropout(torch::softmax(scores, -1), dropout_, is_training());
+  auto probs = dropout_with(torch::softmax(scores, -1), dropout_, is_training(), rng_);
   auto ctx = torch::matmul(probs, qkv5[2]);                                      // [b, heads/t, s, hd]
   ctx = ctx.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * head_dim_});  // [s, b, h/t]
   return proj(ctx);
@@ -58,9 +68,10 @@ MlpImpl::MlpImpl(const GptOptions& o, int64_t layer, Communicator* tp) {
 
 torch::Tensor MlpImpl::forward(const torch::Tensor& x) { return fc2(torch::gelu(fc1(x))); }
 
-BlockImpl::BlockImpl(const GptOptions& o, int64_t layer, Communicator* tp) : dropout_(o.hidden_dropout) {
+BlockImpl::BlockImpl(const GptOptions& o, int64_t layer, Communicator* tp, at::Generator attention_rng)
+    : dropout_(o.hidden_dropout) {
   ln1 = register_module("ln1", layer_norm(o.hidden_size));
-  attn = register_module("attn", CausalSelfAttention(o, layer, tp));
+  attn = register_module("attn", CausalSelfAttention(o, layer, tp, std::move(attention_rng)));
   ln2 = register_module("ln2", layer_norm(o.hidden_size));
   mlp = register_module("mlp", Mlp(o, layer, tp));
 }
@@ -70,7 +81,9 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
   return y + maybe_dropout(mlp(ln2(y)), dropout_, is_training());
 }
 
-GptModelImpl::GptModelImpl(const GptOptions& o, Communicator* tp, StageRange stage) : opt_(o), stage_(stage), tp_(tp) {
+GptModelImpl::GptModelImpl(const GptOptions& o, Communicator* tp, StageRange stage)
+    : opt_(o), stage_(stage), tp_(tp),
+      attention_rng_(at::detail::createCPUGenerator(o.seed * 1000003ULL + 2718 + static_cast<uint64_t>(tp_rank(tp)))) {
   TORCH_CHECK(o.padded_vocab_size >= o.vocab_size, "padded_vocab_size < vocab_size");
   TORCH_CHECK(o.max_positions >= o.seq_len, "max_positions < seq_len");
   if (stage_.num_layers < 0) stage_.num_layers = o.num_layers - stage_.first_layer;
@@ -86,7 +99,7 @@ GptModelImpl::GptModelImpl(const GptOptions& o, Communicator* tp, StageRange sta
         "position_embedding", init_full_normal({o.max_positions, o.hidden_size}, o.init_std, o.seed, kPositionEmbeddingTag));
   }
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < stage_.num_layers; ++i) blocks->push_back(Block(o, stage_.first_layer + i, tp));
+  for (int64_t i = 0; i < stage_.num_layers; ++i) blocks->push_back(Block(o, stage_.first_layer + i, tp, attention_rng_));
   if (stage_.is_last) final_ln = register_module("final_ln", layer_norm(o.hidden_size));
 }
 

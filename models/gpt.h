@@ -53,15 +53,20 @@ struct StageRange {
 };
 
 /// Causal multi-head self-attention on [s, b, h]; this TP rank computes heads/t heads.
+/// Attention-probability dropout draws from `rng`, a generator private to this TP rank (Megatron's
+/// model-parallel RNG): different head shards get independent masks. Everything else (hidden
+/// dropout) uses LibTorch's default generator, seeded identically on all ranks, because those
+/// activations are replicated across TP ranks and must get the same mask.
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  CausalSelfAttentionImpl(const GptOptions& o, int64_t layer, Communicator* tp);
+  CausalSelfAttentionImpl(const GptOptions& o, int64_t layer, Communicator* tp, at::Generator rng);
   torch::Tensor forward(const torch::Tensor& x);  // [s, b, h] -> [s, b, h] (replicated over TP)
   ColumnParallelLinear qkv{nullptr};               // weight [3h/t, h], rows as [heads/t, 3, head_dim]
   RowParallelLinear proj{nullptr};                 // weight [h, h/t]
  private:
   int64_t local_heads_, head_dim_;
   double dropout_;
+  at::Generator rng_;
   torch::Tensor causal_mask_;  // [s, s] bool, true above the diagonal (future positions)
 };
 TORCH_MODULE(CausalSelfAttention);
@@ -79,7 +84,7 @@ TORCH_MODULE(Mlp);
 /// Pre-LayerNorm transformer block: x + drop(attn(ln1(x))), then + drop(mlp(ln2(.))).
 class BlockImpl : public torch::nn::Module {
  public:
-  BlockImpl(const GptOptions& o, int64_t layer, Communicator* tp);
+  BlockImpl(const GptOptions& o, int64_t layer, Communicator* tp, at::Generator attention_rng);
   torch::Tensor forward(const torch::Tensor& x);  // [s, b, h] -> [s, b, h]
   torch::nn::LayerNorm ln1{nullptr}, ln2{nullptr};
   CausalSelfAttention attn{nullptr};
@@ -107,6 +112,8 @@ class GptModelImpl : public torch::nn::Module {
 
   const GptOptions& options() const { return opt_; }
   const StageRange& stage() const { return stage_; }
+  /// This TP rank's attention-dropout generator (seeded from seed, tp rank); checkpoints save it.
+  at::Generator attention_generator() const { return attention_rng_; }
   /// The word-embedding shard [Vp/t, h] (first stage: input embedding; last stage: output layer),
   /// or an undefined tensor on middle stages.
   torch::Tensor word_embedding() const;
@@ -120,6 +127,7 @@ class GptModelImpl : public torch::nn::Module {
   GptOptions opt_;
   StageRange stage_;
   Communicator* tp_;
+  at::Generator attention_rng_;
 };
 TORCH_MODULE(GptModel);
 
