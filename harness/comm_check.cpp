@@ -60,7 +60,11 @@ int run_comm_check(const Config& cfg, const CommCheckOptions& options) {
     throw CommError(fmt::format("rank {}: pipeline recv from the previous stage gave rank {}, expected {}", env.rank,
                                 from_prev[0].item<int>(), d->layout.prev_stage_rank(env.rank)));
   }
-  d->world->barrier();
+  d->world->barrier();  // every rank passed its checks
+  if (env.rank == 0 && !options.quiet) {
+    spdlog::info("comm-check OK: {} ranks, layout tp={} pp={} dp={}, every group and pipeline p2p verified",
+                 env.world_size, dims.tp, dims.pp, dims.dp);
+  }
   const auto total = d->meter.total();
   if (!options.quiet) {
     spdlog::info("rank {} on {} (node {}): all groups OK; sent {} bytes in {} calls", env.rank, this_hostname(),

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -89,7 +90,27 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// Names users bring from Megatron-LM, nanoGPT or HF configs, mapped to ours.
+const std::map<std::string, std::string>& aliases() {
+  static const std::map<std::string, std::string> a = {
+      {"learning_rate", "lr"},         {"min_learning_rate", "min_lr"}, {"train_iters", "train_steps"},
+      {"max_steps", "train_steps"},    {"iters", "train_steps"},        {"batch_size", "global_batch_size"},
+      {"micro_batch", "micro_batch_size"}, {"seq_length", "seq_len"},   {"block_size", "seq_len"},
+      {"n_layer", "num_layers"},       {"layers", "num_layers"},        {"n_embd", "hidden_size"},
+      {"hidden", "hidden_size"},       {"n_head", "num_heads"},         {"num_attention_heads", "num_heads"},
+      {"warmup", "warmup_steps"},      {"lr_warmup_iters", "warmup_steps"}, {"grad_clip", "clip_grad"},
+      {"dropout", "hidden_dropout"},   {"tensor_parallel", "tp"},       {"pipeline_parallel", "pp"},
+      {"data_parallel", "dp"},         {"log_interval", "interval"},    {"save_interval", "interval"},
+  };
+  return a;
+}
+
 std::string suggestion(const std::string& key, const std::vector<std::string>& known) {
+  const auto alias = aliases().find(key);
+  if (alias != aliases().end() &&
+      std::find(known.begin(), known.end(), alias->second) != known.end()) {
+    return fmt::format(" (did you mean '{}'?)", alias->second);
+  }
   std::string best;
   size_t best_d = 4;
   for (const auto& k : known) {

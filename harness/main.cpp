@@ -162,8 +162,20 @@ int main(int argc, char** argv) {
           r.model_gflops, r.gemm_gflops, r.ratio);
       return 0;
     }
-    if (show->parsed()) {
+    if (show->parsed()) {  // also a check: prints the config, then validates it as a run would
       std::cout << to_yaml(cfg);
+      try {
+        resolve_vocab(cfg);
+      } catch (const ConfigError& e) {
+        std::cerr << "note: " << e.what() << "\n";
+        cfg.model.vocab_size = cfg.data.vocab_size;
+      }
+      cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
+      std::cerr << fmt::format("config OK for {} ranks (tp={} pp={} dp={}); run name '{}', results {}/{}.h5, "
+                               "checkpoints {}\n",
+                               cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp, cfg.parallel.tp,
+                               cfg.parallel.pp, cfg.parallel.dp, cfg.run_name(), cfg.log.dir, cfg.run_name(),
+                               cfg.checkpoint_dir());
       return 0;
     }
   } catch (const ConfigError& e) {

@@ -306,7 +306,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
                  cfg.model.vocab_size, cfg.padded_vocab_size(), cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp,
                  stage_layers_text(cfg));
     if (d.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d.env.source, rank_table(d));
-    spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), {} threads/rank; results -> {}",
+    spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}; results -> {}",
                  cfg.train.train_steps, cfg.train.global_batch_size, m, cfg.train.micro_batch_size,
                  at::get_num_threads(), summary.results_path);
   }
@@ -323,6 +323,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     if (!quiet) spdlog::info("eval  step {:>6} | valid loss {:.4f} | ppl {:.2f}", step, loss, ppl);
   };
 
+  if (state.step == 0) run_eval(0);  // the untrained model's loss (about ln V) anchors the curve
   GptStageFunctions stage_fn(model, m);
   const auto params = model->parameters();
   double seconds_run = 0.0;

@@ -106,6 +106,34 @@ def print_series(f, path):
         print("\t".join(fmt(v, exact=True) for v in row))
 
 
+TRAFFIC_CLASSES = ["tp", "pp_fwd", "pp_bwd", "dp", "embedding", "control"]
+LINKS = ["intra", "inter"]
+
+
+def print_traffic(f):
+    """Bytes of the last step per traffic class and link, per rank and in total (MB)."""
+    if "traffic" not in f or f["traffic/step"].shape[0] == 0:
+        return
+    t = {k: f["traffic"][k][:] for k in ("step", "rank", "class", "link", "bytes")}
+    last = t["step"].max()
+    sel = t["step"] == last
+    ranks = sorted(set(int(r) for r in t["rank"][sel]))
+    print(f"traffic of step {last} (MB sent, by class/link):")
+    keys = sorted(set((int(c), int(l)) for c, l in zip(t["class"][sel], t["link"][sel])))
+    header = "  rank " + " ".join(f"{TRAFFIC_CLASSES[c] + '/' + LINKS[l]:>16}" for c, l in keys)
+    print(header)
+    totals = {k: 0 for k in keys}
+    for r in ranks:
+        row = []
+        for c, l in keys:
+            m = sel & (t["rank"] == r) & (t["class"] == c) & (t["link"] == l)
+            b = int(t["bytes"][m].sum())
+            totals[(c, l)] += b
+            row.append(f"{b / 1e6:16.3f}")
+        print(f"  {r:>4} " + " ".join(row))
+    print("   all " + " ".join(f"{totals[k] / 1e6:16.3f}" for k in keys))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("file", help="results file written by optcc (one per run)")
@@ -119,6 +147,7 @@ def main():
         else:
             print_root(f, args.lines)
             print_groups(f, args.last)
+            print_traffic(f)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,11 @@ TEST(Config, UnknownKeyNamesKeySuggestionAndKnownKeys) {
   EXPECT_THAT(msg, HasSubstr("exp.yaml"));
 }
 
+TEST(Config, AliasesFromOtherFrameworksGetASuggestion) {
+  EXPECT_THAT(load_error("", {"train.learning_rate=1"}), HasSubstr("unknown key 'train.learning_rate' (did you mean 'lr'?)"));
+  EXPECT_THAT(load_error("model:\n  n_layer: 3\n"), HasSubstr("(did you mean 'num_layers'?)"));
+}
+
 TEST(Config, UnknownSectionListsSections) {
   auto msg = load_error("trian:\n  lr: 0.1\n");
   EXPECT_THAT(msg, HasSubstr("unknown section 'trian' (did you mean 'train'?)"));
