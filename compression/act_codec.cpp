@@ -1,0 +1,198 @@
+#include "compression/act_codec.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <set>
+#include <stdexcept>
+
+#include "compression/codecs.h"
+
+namespace optcc {
+
+std::vector<torch::ScalarType> ActCodec::wire_dtypes(int64_t numel) const {
+  return std::vector<torch::ScalarType>(wire_shapes(numel).size(), wire_dtype());
+}
+
+Payload ActCodec::encode(const torch::Tensor& x) {
+  if (!x.defined() || x.dim() != 1 || x.scalar_type() != torch::kFloat) {
+    throw std::invalid_argument(fmt::format(
+        "{} codec: encode() takes a flat fp32 tensor, got {}", name(),
+        x.defined() ? fmt::format("{} of shape {}", c10::toString(x.scalar_type()),
+                                  fmt::join(x.sizes(), "x"))
+                    : std::string("an undefined tensor")));
+  }
+  torch::NoGradGuard no_grad;
+  Payload p = encode_impl(x);
+  last_x_ = x;
+  last_x_version_ = x._version();
+  last_payload_ = p;
+  return p;
+}
+
+torch::Tensor ActCodec::last_error() const {
+  if (!last_x_.defined()) {
+    throw std::logic_error(fmt::format("{} codec: last_error() before any encode()", name()));
+  }
+  if (last_x_._version() != last_x_version_) {
+    throw std::logic_error(fmt::format(
+        "{} codec: the tensor given to the last encode() was modified in place since; call "
+        "last_error() before changing it (or encode a copy)", name()));
+  }
+  torch::NoGradGuard no_grad;
+  return last_x_ - decode(last_payload_, last_x_.numel());
+}
+
+int64_t ActCodec::payload_bytes(int64_t numel) const {
+  const auto shapes = wire_shapes(numel);
+  const auto dtypes = wire_dtypes(numel);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    int64_t n = 1;
+    for (int64_t d : shapes[i]) n *= d;
+    bytes += n * static_cast<int64_t>(c10::elementSize(dtypes[i]));
+  }
+  return bytes;
+}
+
+void ActCodec::check_payload(const Payload& p, int64_t numel) const {
+  const auto shapes = wire_shapes(numel);
+  const auto dtypes = wire_dtypes(numel);
+  if (p.parts.size() != shapes.size()) {
+    throw std::invalid_argument(fmt::format("{} codec: payload has {} parts, expected {} for {} "
+                                            "elements", name(), p.parts.size(), shapes.size(),
+                                            numel));
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& t = p.parts[i];
+    if (!t.defined() || t.sizes() != at::IntArrayRef(shapes[i]) || t.scalar_type() != dtypes[i]) {
+      throw std::invalid_argument(fmt::format(
+          "{} codec: payload part {} is {} [{}], expected {} [{}] for {} elements", name(), i,
+          t.defined() ? c10::toString(t.scalar_type()) : "undefined",
+          t.defined() ? fmt::format("{}", fmt::join(t.sizes(), ", ")) : "",
+          c10::toString(dtypes[i]), fmt::join(shapes[i], ", "), numel));
+    }
+  }
+}
+
+// --- factory ------------------------------------------------------------------------------------
+
+namespace {
+
+/// Reads options from a YAML map; rejects keys outside `known` (message names the key and the
+/// known keys).
+class OptionReader {
+ public:
+  OptionReader(const std::string& codec, const YAML::Node& node, std::set<std::string> known)
+      : codec_(codec), node_(node) {
+    if (node_.IsNull() || !node_.IsDefined()) return;
+    if (!node_.IsMap()) {
+      throw std::invalid_argument(fmt::format("{} codec: options must be a map", codec_));
+    }
+    for (const auto& kv : node_) {
+      const auto key = kv.first.as<std::string>();
+      if (!known.count(key)) {
+        throw std::invalid_argument(fmt::format(
+            "{} codec: unknown option '{}' (known: {})", codec_, key,
+            known.empty() ? std::string("none") : fmt::format("{}", fmt::join(known, ", "))));
+      }
+    }
+  }
+  bool has(const std::string& key) const { return node_.IsMap() && node_[key].IsDefined(); }
+  template <typename T>
+  T get(const std::string& key, T fallback) const {
+    if (!has(key)) return fallback;
+    try {
+      return node_[key].as<T>();
+    } catch (const YAML::Exception&) {
+      throw std::invalid_argument(fmt::format("{} codec: option '{}' has a bad value '{}'",
+                                              codec_, key, YAML::Dump(node_[key])));
+    }
+  }
+  template <typename T>
+  T require(const std::string& key, const std::string& why) const {
+    if (!has(key)) {
+      throw std::invalid_argument(fmt::format("{} codec: option '{}' is required ({})", codec_,
+                                              key, why));
+    }
+    return get<T>(key, T{});
+  }
+  int64_t positive(const std::string& key, int64_t value) const {
+    if (value <= 0) {
+      throw std::invalid_argument(
+          fmt::format("{} codec: option '{}' must be positive, got {}", codec_, key, value));
+    }
+    return value;
+  }
+
+ private:
+  std::string codec_;
+  YAML::Node node_;
+};
+
+std::unique_ptr<ActCodec> make_lowrank(const YAML::Node& options) {
+  OptionReader o("lowrank", options, {"rank", "view", "hidden", "seq_len", "micro_batch", "seed"});
+  MatrixView view;
+  const auto kind = o.get<std::string>("view", "token_major");
+  if (kind == "token_major") {
+    view.hidden = o.positive("hidden", o.require<int64_t>("hidden", "columns of the token_major "
+                                                                    "view"));
+  } else if (kind == "reference") {
+    view.kind = MatrixView::Kind::kReference;
+    view.seq_len = o.positive("seq_len", o.require<int64_t>("seq_len", "reference view"));
+    view.micro_batch =
+        o.positive("micro_batch", o.require<int64_t>("micro_batch", "reference view"));
+    if (view.micro_batch % 8 != 0) {
+      throw std::invalid_argument(fmt::format(
+          "lowrank codec: view 'reference' uses n = seq_len*(micro_batch/8) and needs micro_batch "
+          "% 8 == 0, got micro_batch = {}; use view: token_major", view.micro_batch));
+    }
+  } else {
+    throw std::invalid_argument(fmt::format(
+        "lowrank codec: option 'view' is '{}' (known: token_major, reference)", kind));
+  }
+  const int64_t rank = o.positive("rank", o.get<int64_t>("rank", 16));
+  return std::make_unique<LowRankCodec>(view, rank, o.get<uint64_t>("seed", 714));
+}
+
+std::unique_ptr<ActCodec> make_topk(const YAML::Node& options) {
+  OptionReader o("topk", options, {"fraction", "count"});
+  if (o.has("fraction") == o.has("count")) {
+    throw std::invalid_argument("topk codec: give exactly one of 'fraction' (0 < f <= 1) or "
+                                "'count' (>= 1)");
+  }
+  const double fraction = o.get<double>("fraction", 0.0);
+  if (o.has("fraction") && !(fraction > 0.0 && fraction <= 1.0)) {
+    throw std::invalid_argument(
+        fmt::format("topk codec: option 'fraction' must be in (0, 1], got {}", fraction));
+  }
+  const int64_t count = o.has("count") ? o.positive("count", o.get<int64_t>("count", 0)) : 0;
+  return std::make_unique<TopKCodec>(fraction, count);
+}
+
+}  // namespace
+
+std::vector<std::string> act_codec_names() {
+  return {"none", "fp16", "bf16", "lowrank", "int8", "int4", "topk"};
+}
+
+std::unique_ptr<ActCodec> make_act_codec(const std::string& name, const YAML::Node& options) {
+  if (name == "none" || name == "fp16" || name == "bf16") {
+    OptionReader(name, options, {});
+    const auto dtype = name == "none" ? torch::kFloat : name == "fp16" ? torch::kHalf
+                                                                       : torch::kBFloat16;
+    return std::make_unique<CastCodec>(dtype);
+  }
+  if (name == "lowrank") return make_lowrank(options);
+  if (name == "int8" || name == "int4") {
+    OptionReader o(name, options, {"hidden"});
+    const int64_t hidden = o.positive("hidden", o.require<int64_t>("hidden", "row length of the "
+                                                                             "quantisation view"));
+    return std::make_unique<QuantCodec>(name == "int8" ? 8 : 4, hidden);
+  }
+  if (name == "topk") return make_topk(options);
+  throw std::invalid_argument(fmt::format("unknown activation codec '{}' (known: {})", name,
+                                          fmt::join(act_codec_names(), ", ")));
+}
+
+}  // namespace optcc

@@ -1,0 +1,93 @@
+// ActCodec: a point-to-point payload codec for pipeline messages (activation gradients under CB,
+// spec §2; forward activations in ablations). One object per sender, with explicit state (the
+// low-rank codec's warm-started Q and its generator); the receiver needs only the options.
+//
+// Contract, per message:
+//   sender:   payload = codec.encode(x)              // x: flat [numel] fp32
+//             err     = codec.last_error()           // x − decode(payload), for LEP (spec §3.1)
+//             send payload.parts in order
+//   receiver: allocate parts of wire_shapes(numel) / wire_dtypes(numel), receive them,
+//             y = codec.decode(payload, numel)       // flat [numel] fp32
+// wire_shapes() and wire_dtypes() depend on numel and the options alone (never on values), so both
+// ends agree before anything travels. Bytes are counted by the Communicator where they go on the
+// wire; payload_bytes() is the closed form for tests and traffic estimates.
+//
+// Adapting to harness/stage_link.h's MessageCodec: encode/decode map one to one; note that the link
+// allocates receive buffers in ITS dtype, so codecs whose wire_dtypes() differ from the link's dtype
+// (fp16/bf16/int8/int4/topk, and lowrank under a 16-bit link: spec §10 item 5) need the adapter to
+// allocate with wire_dtypes() instead.
+#pragma once
+
+#include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace optcc {
+
+/// What travels for one message, in order.
+struct Payload {
+  std::vector<torch::Tensor> parts;
+};
+
+class ActCodec {
+ public:
+  virtual ~ActCodec() = default;
+  virtual std::string name() const = 0;
+
+  /// Shapes of the parts for a flat input of `numel` fp32 elements. Throws std::invalid_argument
+  /// when `numel` does not fit the codec's matrix view (e.g. not a multiple of `hidden`).
+  virtual std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const = 0;
+  /// The wire dtype of the first part (for most codecs, of every part: lowrank sends fp32 factors
+  /// whatever the training dtype, spec §10 item 5).
+  virtual torch::ScalarType wire_dtype() const = 0;
+  /// Per-part wire dtypes, aligned with wire_shapes(numel). Default: wire_dtype() for every part.
+  /// Codecs with mixed parts override it (int8/int4: {uint8, fp32}; topk: {fp32, int64}).
+  virtual std::vector<torch::ScalarType> wire_dtypes(int64_t numel) const;
+
+  /// Encodes `x` (1-D fp32, any device; not modified). Advances the codec's state (lowrank: Q).
+  /// Remembers x (by reference, no copy) and the payload for last_error(). Runs without autograd.
+  /// Parts may alias x (`none`) or the codec's state (lowrank's Q): treat them as read-only.
+  Payload encode(const torch::Tensor& x);
+  /// Decodes a payload of wire_shapes(numel) into a flat [numel] fp32 tensor on the parts' device
+  /// (fresh, except `none`, which returns its part). Stateless (the receiver keeps no state, spec §2.5). Throws std::invalid_argument on a
+  /// part count, shape or dtype mismatch.
+  virtual torch::Tensor decode(const Payload& p, int64_t numel) const = 0;
+
+  /// The sender's error of the last encode: x − decode(encode(x)), flat [numel] fp32. Computed on
+  /// demand (one decode). REQUIRES: an encode happened and its x was not modified in place since
+  /// (checked through the tensor's version counter; std::logic_error otherwise).
+  virtual torch::Tensor last_error() const;
+
+  /// Σ over parts of numel·itemsize, for a flat input of `numel` elements.
+  virtual int64_t payload_bytes(int64_t numel) const;
+
+  /// Sender state (empty for stateless codecs). A loaded codec's next encode is bit-identical to
+  /// the saved one's. Options are not saved: construct with the same options, then load.
+  virtual void save(torch::serialize::OutputArchive&) const {}
+  virtual void load(torch::serialize::InputArchive&) {}
+
+ protected:
+  /// The codec proper; `x` is 1-D fp32 (checked by encode()).
+  virtual Payload encode_impl(const torch::Tensor& x) = 0;
+  /// Checks `p` against wire_shapes(numel) / wire_dtypes(numel); for decode() implementations.
+  void check_payload(const Payload& p, int64_t numel) const;
+
+ private:
+  torch::Tensor last_x_;  // [numel] fp32, the caller's tensor (shallow)
+  int64_t last_x_version_ = 0;
+  Payload last_payload_;
+};
+
+/// Builds a codec by name: none | fp16 | bf16 | lowrank | int8 | int4 | topk (codecs.h documents
+/// each one's options). `options` is a YAML map or null. Unknown name, unknown option key, a bad
+/// value or a missing required option -> std::invalid_argument naming the known names / keys.
+std::unique_ptr<ActCodec> make_act_codec(const std::string& name,
+                                         const YAML::Node& options = YAML::Node());
+
+/// The names make_act_codec() knows, in the order above.
+std::vector<std::string> act_codec_names();
+
+}  // namespace optcc

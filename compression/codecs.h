@@ -1,0 +1,123 @@
+// Built-in ActCodecs (act_codec.h). Options are the YAML keys make_act_codec() accepts; every
+// codec rejects keys it does not know.
+//
+//   none     no options. One part: x itself [numel], fp32 (no copy). Exact.
+//   fp16     no options. One part: x cast to fp16 [numel]. Error ≤ half an fp16 ulp (overflow -> inf).
+//   bf16     no options. Likewise in bf16.
+//   lowrank  CB codec (spec §2). Options:
+//              rank        int, default 16: r = min(rank, rows, cols).
+//              view        token_major (default) | reference.
+//                          token_major: rows = numel/hidden, cols = hidden (one token per row).
+//                          reference:   rows n = seq_len·(micro_batch/8), cols m' = numel/n, the
+//                          reference's hard-coded "/8" rule (spec §2.3, §10 item 4); equals
+//                          token_major for the paper's b = t = 8.
+//              hidden      int, required for token_major.
+//              seq_len, micro_batch   ints, required for reference (micro_batch % 8 == 0).
+//              seed        int, default 714: seeds the codec's own CPU generator (never the
+//                          global one, spec §10 item 7) that draws the initial Q.
+//            Parts: P̂ [rows, r] fp32, Q [cols, r] fp32; 4·r·(rows+cols) bytes.
+//   int8     Per-row asymmetric quantisation of the [numel/hidden, hidden] view. Option: hidden
+//            (required). q = round((x − min_row)/scale_row), scale_row = (max_row − min_row)/255.
+//            Parts: q uint8 [rows, hidden], {scale, min} fp32 [rows, 2]. Error ≤ scale/2 per element
+//            (plus fp32 rounding); exact for values on the row's grid min + k·scale.
+//   int4     As int8 with 15 levels; two values per byte, element 2i in the low nibble of byte i.
+//            Parts: packed uint8 [ceil(numel/2)], {scale, min} fp32 [rows, 2].
+//   topk     Keeps the k largest |x|. Options: exactly one of fraction (0 < f ≤ 1, k =
+//            clamp(round(f·numel), 1, numel)) or count (k = min(count, numel)).
+//            Parts: values fp32 [k], indices int64 [k]; decode writes zeros elsewhere.
+#pragma once
+
+#include "compression/act_codec.h"
+
+namespace optcc {
+
+/// none / fp16 / bf16: a cast to `dtype` and back (kFloat: no cast, no copy).
+class CastCodec : public ActCodec {
+ public:
+  explicit CastCodec(torch::ScalarType dtype) : dtype_(dtype) {}
+  std::string name() const override;
+  std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const override { return {{numel}}; }
+  torch::ScalarType wire_dtype() const override { return dtype_; }
+  torch::Tensor decode(const Payload& p, int64_t numel) const override;
+
+ protected:
+  Payload encode_impl(const torch::Tensor& x) override;
+
+ private:
+  torch::ScalarType dtype_;
+};
+
+/// How a flat message becomes a matrix (spec §2.3).
+struct MatrixView {
+  enum class Kind { kTokenMajor, kReference };
+  Kind kind = Kind::kTokenMajor;
+  int64_t hidden = 0;       // token_major: columns
+  int64_t seq_len = 0;      // reference: s
+  int64_t micro_batch = 0;  // reference: b (multiple of 8)
+  /// {rows, cols} for a flat message of `numel`; std::invalid_argument with the numbers otherwise.
+  std::pair<int64_t, int64_t> shape(int64_t numel) const;
+};
+
+class LowRankCodec : public ActCodec {
+ public:
+  LowRankCodec(MatrixView view, int64_t rank, uint64_t seed);
+  std::string name() const override { return "lowrank"; }
+  std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const override;
+  torch::ScalarType wire_dtype() const override { return torch::kFloat; }
+  torch::Tensor decode(const Payload& p, int64_t numel) const override;
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+  /// The warm-start Q [cols, r] fp32 left by the last encode (undefined before the first).
+  const torch::Tensor& q() const { return q_; }
+  int64_t rank_for(int64_t numel) const;  // r = min(rank, rows, cols)
+
+ protected:
+  Payload encode_impl(const torch::Tensor& x) override;
+
+ private:
+  MatrixView view_;
+  int64_t rank_;
+  at::Generator gen_;  // CPU, seeded once; draws Q only when it is (re)initialised
+  torch::Tensor q_;    // [cols, r] fp32, on the device of the last x
+};
+
+/// int8 (bits = 8) and int4 (bits = 4).
+class QuantCodec : public ActCodec {
+ public:
+  QuantCodec(int bits, int64_t hidden) : bits_(bits), hidden_(hidden) {}
+  std::string name() const override { return bits_ == 8 ? "int8" : "int4"; }
+  std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const override;
+  torch::ScalarType wire_dtype() const override { return torch::kByte; }
+  std::vector<torch::ScalarType> wire_dtypes(int64_t numel) const override;
+  torch::Tensor decode(const Payload& p, int64_t numel) const override;
+
+ protected:
+  Payload encode_impl(const torch::Tensor& x) override;
+
+ private:
+  int64_t rows(int64_t numel) const;
+  int bits_;
+  int64_t hidden_;
+};
+
+class TopKCodec : public ActCodec {
+ public:
+  /// Exactly one of fraction > 0 or count > 0.
+  TopKCodec(double fraction, int64_t count) : fraction_(fraction), count_(count) {}
+  std::string name() const override { return "topk"; }
+  std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const override;
+  torch::ScalarType wire_dtype() const override { return torch::kFloat; }
+  std::vector<torch::ScalarType> wire_dtypes(int64_t) const override;
+  torch::Tensor decode(const Payload& p, int64_t numel) const override;
+  int64_t k_for(int64_t numel) const;
+
+ protected:
+  Payload encode_impl(const torch::Tensor& x) override;
+
+ private:
+  double fraction_;
+  int64_t count_;
+};
+
+}  // namespace optcc

@@ -1,0 +1,88 @@
+#include "compression/grad_reducer.h"
+
+#include "compression/cast_reducer.h"
+#include "compression/powersgd.h"
+
+namespace optcc {
+
+int64_t GradReducer::raw_bytes() const {
+  int64_t s = 0;
+  for (const auto& r : records_) s += r.raw_bytes;
+  return s;
+}
+
+int64_t GradReducer::payload_bytes() const {
+  int64_t s = 0;
+  for (const auto& r : records_) s += r.sent_bytes;
+  return s;
+}
+
+void GradReducer::begin_records(const std::vector<torch::Tensor>& grads) {
+  records_.clear();
+  for (size_t i = 0; i < grads.size(); ++i) {
+    TensorRecord r;
+    r.name = i < names_.size() ? names_[i] : "grad[" + std::to_string(i) + "]";
+    r.shape = grads[i].sizes().vec();
+    r.raw_bytes = grads[i].numel() * static_cast<int64_t>(grads[i].element_size());
+    records_.push_back(std::move(r));
+  }
+}
+
+void NoneReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) {
+  torch::NoGradGuard no_grad;
+  begin_records(grads);
+  if (dp.size() == 1 || grads.empty()) return;
+  // Exactly reduce_data_parallel_grads: cat, ÷ dp, sum-all-reduce, copy back.
+  std::vector<torch::Tensor> flat;
+  for (const auto& g : grads) flat.push_back(g.reshape({-1}));
+  auto buffer = torch::cat(flat);
+  buffer.div_(dp.size());
+  dp.all_reduce(buffer, Traffic::kDataParallel);
+  int64_t offset = 0;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    grads[i].copy_(buffer.narrow(0, offset, grads[i].numel()).view_as(grads[i]));
+    offset += grads[i].numel();
+    records_[i].sent_bytes = grads[i].numel() * static_cast<int64_t>(buffer.element_size());
+  }
+}
+
+torch::Tensor flatten_fp32(const std::vector<torch::Tensor>& grads) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& g : grads) flat.push_back(g.reshape({-1}).to(torch::kFloat));
+  if (flat.empty()) return torch::empty({0}, torch::kFloat);
+  return torch::cat(flat);
+}
+
+void unflatten_into(const torch::Tensor& flat, std::vector<torch::Tensor>& grads) {
+  int64_t offset = 0;
+  for (auto& g : grads) {
+    g.copy_(flat.narrow(0, offset, g.numel()).view_as(g));
+    offset += g.numel();
+  }
+}
+
+void register_builtin_grad_reducers(Registry<GradReducer>& registry) {
+  registry.add("none", "uncompressed baseline: one all-reduce of the flattened gradients ÷ dp",
+               [](const YAML::Node& o) -> std::unique_ptr<GradReducer> {
+                 check_option_keys(o, "none", {});
+                 return std::make_unique<NoneReducer>();
+               });
+  registry.add("fp16", "all-reduce in fp16 (cast in/out, ÷ dp in fp32)",
+               [](const YAML::Node& o) -> std::unique_ptr<GradReducer> {
+                 check_option_keys(o, "fp16", {});
+                 return std::make_unique<CastReducer>(torch::kHalf);
+               });
+  registry.add("bf16", "all-reduce in bf16 (cast in/out, accumulate and ÷ dp in fp32)",
+               [](const YAML::Node& o) -> std::unique_ptr<GradReducer> {
+                 check_option_keys(o, "bf16", {});
+                 return std::make_unique<CastReducer>(torch::kBFloat16);
+               });
+  registry.add("powersgd",
+               "rank-r PowerSGD with error feedback (options: rank, min_compression_rate, warmup_steps, "
+               "error_feedback, ef_residual, orthogonalize, warm_start, seed)",
+               [](const YAML::Node& o) -> std::unique_ptr<GradReducer> {
+                 return std::make_unique<PowerSgdReducer>(PowerSgdOptions::from_yaml(o));
+               });
+}
+
+}  // namespace optcc

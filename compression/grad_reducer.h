@@ -1,0 +1,91 @@
+// GradReducer: the data-parallel gradient reduction of one stage (spec §1.2 step 1, §6.2), as an
+// object with explicit state. Replaces reduce_data_parallel_grads when compression is on.
+//
+// Contract of reduce(grads, dp, step):
+//   - Called by every rank of the DP group `dp`, once per optimizer step, after the schedule,
+//     with the same list of gradients (same count, shapes and dtypes, same order) on every rank.
+//   - grads: this stage's parameter gradients, any shapes, fp32/fp16/bf16, contiguous, CPU or CUDA.
+//     Modified in place to the DP average (or its compressed approximation); on return all DP
+//     ranks hold identical values (0 ULP).
+//   - step: the global optimizer step (0-based) being reduced; stateful reducers derive their
+//     warm-up from it, so a resumed run continues where it stopped (BR-03).
+//   - All its collectives are issued on `dp` with Traffic::kDataParallel, except the one-float
+//     non-finite flag of compressing reducers (Traffic::kControl, so DP bytes match the formulas).
+//   - A group of one rank: the identity reducers return at once; PowerSGD still compresses (the
+//     same numerics as on many ranks, with no communication).
+// After a call, records() lists each tensor: raw bytes (numel · input element size) and the
+// bytes this rank handed to collectives for it (payload; the wire bytes the Communicator counts
+// are 2(n−1)/n of that for an all-reduce).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "compression/registry.h"
+#include "harness/communicator.h"
+
+namespace optcc {
+
+/// One gradient tensor in the last reduce() call (BR-04 per-step record).
+struct TensorRecord {
+  std::string name;            // set_tensor_names() entry, else "grad[i]"
+  std::vector<int64_t> shape;  // original shape
+  int64_t raw_bytes = 0;       // numel · element size of the input gradient
+  int64_t sent_bytes = 0;      // payload handed to collectives for this tensor
+  bool compressed = false;     // low-rank (P, Q) instead of raw
+  int64_t rank = 0;            // effective PowerSGD rank (0 when raw)
+};
+
+/// Thrown (on every DP rank alike: the flag is all-reduced) when a gradient holds NaN/Inf on any
+/// rank before compression. Gradients and reducer state are left untouched; skip the step.
+class NonFiniteGradients : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class GradReducer {
+ public:
+  virtual ~GradReducer() = default;
+  /// Registry name plus the options that matter, e.g. "powersgd(rank=4)".
+  virtual std::string name() const = 0;
+  /// See the contract above.
+  virtual void reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) = 0;
+  /// State for checkpoints (per rank). Stateless reducers write/read nothing.
+  virtual void save(torch::serialize::OutputArchive& archive) const {}
+  virtual void load(torch::serialize::InputArchive& archive) {}
+
+  /// Names for records() (optional; same order as grads).
+  void set_tensor_names(std::vector<std::string> names) { names_ = std::move(names); }
+  const std::vector<TensorRecord>& records() const { return records_; }
+  int64_t raw_bytes() const;      // Σ records().raw_bytes of the last call
+  int64_t payload_bytes() const;  // Σ records().sent_bytes of the last call
+
+ protected:
+  /// Starts records() for a call: one raw, uncompressed entry per tensor with sent_bytes 0.
+  void begin_records(const std::vector<torch::Tensor>& grads);
+
+  std::vector<TensorRecord> records_;
+  std::vector<std::string> names_;
+};
+
+/// `none`: the baseline (bit-identical to reduce_data_parallel_grads): all gradients flattened
+/// into one buffer (torch::cat, promoting to a common dtype), ÷ dp, one all-reduce (sum), copied back.
+class NoneReducer : public GradReducer {
+ public:
+  std::string name() const override { return "none"; }
+  void reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) override;
+};
+
+/// Flattens `grads` into one fp32 buffer [Σ numel] (cast in) and back (cast out, copy_).
+torch::Tensor flatten_fp32(const std::vector<torch::Tensor>& grads);
+void unflatten_into(const torch::Tensor& flat, std::vector<torch::Tensor>& grads);
+
+/// Adds none, fp16, bf16 and powersgd (option keys: see each header) to `registry`.
+void register_builtin_grad_reducers(Registry<GradReducer>& registry);
+
+}  // namespace optcc

@@ -1,0 +1,77 @@
+// `powersgd`: the DP PowerSGD reducer of spec §6.2 (Vogels et al.; epfml semantics: P summed,
+// Q averaged), one call per optimizer step per stage.
+//
+// Per call, in order (collectives on `dp`, Traffic::kDataParallel unless stated):
+//   0. step < warmup_steps: the `none` path (÷ dp, one all-reduce in the gradient dtype); state
+//      untouched. Warm-up is derived from the global step, so it survives a resume (BR-03, §10.11).
+//   1. non-finite flag: one 1-float max all-reduce (Traffic::kControl) over isfinite of all grads;
+//      set on any rank -> NonFiniteGradients on every rank, grads/EF/Q untouched (BR-01).
+//   2. classify: 1-D tensors, and matrices M [shape[0], numel/shape[0]] with r_eff = min(r, rows,
+//      cols) and rows·cols / ((rows+cols)·r_eff) < min_compression_rate, go raw (BR-04).
+//   3. M_i := fp32(grad_i) + EF_i (EF on). All internals fp32 whatever the grad dtype (BR-01).
+//   4. Q_i: warm_start: the previous call's (DP-averaged) Q_i, re-orthonormalised with the chosen
+//      method before use (the paper-era code and the CB compressor do this; HEAD's DP reducer does
+//      not, spec §10.10: same span, so numerically close; we re-orthonormalise so Q stays well
+//      conditioned). First use, or warm_start off: randn [cols, r_eff] from a dedicated CPU
+//      generator seeded with `seed` on every rank (so all ranks draw the same Q; §10.7).
+//   5. P_i := M_i Q_i, all packed in ONE buffer [Σ rows_i·r_i] -> all-reduce (sum).
+//   6. raw tensors: ONE flat fp32 all-reduce [Σ numel] (sum), ÷ dp.
+//   7. P̂_i := orthogonalise(P_i);  Q_i := M_iᵀ P̂_i packed in ONE buffer [Σ cols_i·r_i]
+//      -> all-reduce (sum), ÷ dp.  out_i := P̂_i Q_iᵀ (≈ DP mean), cast out into grad_i.
+//   8. EF (on): averaged (default, paper/Optimus-CC/PyTorch hook): EF_i := M_i − out_i;
+//      local (epfml pip package, BR-05): EF_i := M_i − P̂_i Q_i,localᵀ (Q before its all-reduce).
+//      Raw tensors keep no EF (they are exact).
+// Payload per call: P Σ rows·r_eff·4, Q Σ cols·r_eff·4, raw Σ numel·4 bytes.
+#pragma once
+
+#include "compression/grad_reducer.h"
+
+namespace optcc {
+
+struct PowerSgdOptions {
+  int64_t rank = 4;                   // r: target rank of each compressed matrix
+  double min_compression_rate = 2.0;  // compress iff rows·cols / ((rows+cols)·r_eff) ≥ this
+  int64_t warmup_steps = 0;           // global steps (step < this) reduced uncompressed
+  bool error_feedback = true;         // keep and add the residual (spec §6.3)
+  std::string ef_residual = "averaged";   // "averaged" | "local" (BR-05)
+  std::string orthogonalize = "mgs";  // "mgs" | "qr"
+  bool warm_start = true;             // reuse Q across calls (re-orthonormalised, see step 4)
+  int64_t seed = 714;                 // generator seed for the initial Q, same on all DP ranks
+
+  /// From a YAML map; unknown keys, bad types or values throw std::invalid_argument naming the key.
+  static PowerSgdOptions from_yaml(const YAML::Node& options);
+};
+
+class PowerSgdReducer : public GradReducer {
+ public:
+  explicit PowerSgdReducer(PowerSgdOptions options);
+  std::string name() const override;
+  void reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) override;
+  /// Keys: "powersgd.rank", "powersgd.generator", "powersgd.ef.<i>", "powersgd.q.<i>" (i = tensor
+  /// index; absent when never compressed). load() checks the rank and tensor count.
+  void save(torch::serialize::OutputArchive& archive) const override;
+  void load(torch::serialize::InputArchive& archive) override;
+
+  const PowerSgdOptions& options() const { return opt_; }
+  /// Residual of tensor i [rows, cols] fp32, undefined if it never was compressed with EF.
+  torch::Tensor error(size_t i) const { return i < ef_.size() ? ef_[i] : torch::Tensor(); }
+  /// Q of tensor i [cols, r_eff] fp32 as left by the last call (DP-averaged, not orthonormal).
+  torch::Tensor q(size_t i) const { return i < q_.size() ? q_[i] : torch::Tensor(); }
+  /// Test hook: use `q` [cols, r_eff] as tensor i's Q on its next compressed call (before the
+  /// re-orthonormalisation of step 4).
+  void set_q(size_t i, torch::Tensor q);
+
+ private:
+  struct Plan;  // per-call classification (powersgd.cpp)
+  Plan plan(const std::vector<torch::Tensor>& grads) const;
+  void ensure_state(size_t n);
+  torch::Tensor prepare_q(size_t i, int64_t cols, int64_t r);
+  void orthogonalize(torch::Tensor& m) const;
+
+  PowerSgdOptions opt_;
+  std::vector<torch::Tensor> ef_;  // per tensor [rows, cols] fp32 (compressed ones only)
+  std::vector<torch::Tensor> q_;   // per tensor [cols, r_eff] fp32 (compressed ones only)
+  mutable at::Generator gen_;      // CPU; Q init draws (mutable: save() locks it)
+};
+
+}  // namespace optcc
