@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "compression/grad_reducer.h"
+
 namespace optcc {
 namespace fs = std::filesystem;
 
@@ -42,7 +44,8 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
                             torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
                             const std::string& config_yaml, int64_t keep,
                             const std::function<void()>& barrier,
-                            const std::map<std::string, at::Generator>& generators) {
+                            const std::map<std::string, at::Generator>& generators,
+                            const GradReducer* reducer) {
   const fs::path ckpt_dir = fs::path(dir) / fmt::format("iter_{:07d}", state.step);
   std::error_code ec;
   fs::create_directories(ckpt_dir, ec);
@@ -61,6 +64,12 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
   ar.write("optimizer", opt_ar);
   ar.write("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
   for (const auto& [name, gen] : generators) ar.write("rng/" + name, gen.get_state());
+  if (reducer) {
+    torch::serialize::OutputArchive red;
+    reducer->save(red);
+    ar.write("reducer", red);
+    ar.write("meta/reducer", c10::IValue(reducer->name()));
+  }
 
   const std::string file = rank_file(ckpt_dir, layout.rank);
   const std::string tmp = file + ".tmp";
@@ -94,7 +103,8 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 
 TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
-                           const std::map<std::string, at::Generator>& generators) {
+                           const std::map<std::string, at::Generator>& generators,
+                           GradReducer* reducer) {
   fs::path ckpt_dir = ckpt;
   if (fs::exists(ckpt_dir / "latest")) ckpt_dir = *latest_checkpoint(ckpt);
   const std::string file = rank_file(ckpt_dir, layout.rank);
@@ -153,6 +163,22 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
       throw std::runtime_error(fmt::format("checkpoint: {} lacks the '{}' generator state", file, name));
     }
     g.set_state(state);
+  }
+  if (reducer) {
+    c10::IValue saved_name;
+    torch::serialize::InputArchive red;
+    try {
+      ar.read("meta/reducer", saved_name);
+      ar.read("reducer", red);
+    } catch (const c10::Error&) {
+      throw std::runtime_error(fmt::format("checkpoint: {} holds no DP reducer state", file));
+    }
+    if (saved_name.toStringRef() != reducer->name()) {
+      throw std::runtime_error(fmt::format("checkpoint: {} was written with compression.dp = {}, but this run uses {}. "
+                                           "Fix: resume with the same compressor.",
+                                           file, saved_name.toStringRef(), reducer->name()));
+    }
+    reducer->load(red);
   }
   return TrainState{read_scalar(ar, "meta/step"), read_scalar(ar, "meta/consumed_samples")};
 }

@@ -15,6 +15,8 @@
 
 namespace optcc {
 
+class GradReducer;
+
 /// What the training loop needs besides model and optimizer.
 struct TrainState {
   int64_t step = 0;              // optimizer steps completed
@@ -34,17 +36,20 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
                             torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
                             const std::string& config_yaml, int64_t keep,
                             const std::function<void()>& barrier = [] {},
-                            const std::map<std::string, at::Generator>& generators = {});
+                            const std::map<std::string, at::Generator>& generators = {},
+                            const GradReducer* reducer = nullptr);
 
 /// The checkpoint directory `latest` points to under `dir`, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
 /// Loads this rank's file from checkpoint directory `ckpt` (an iter_* directory, or a directory
 /// holding `latest`) into model/optimizer, the default CPU generator and `generators` (saved under
-/// the same names, e.g. the model's attention-dropout generator). Throws
+/// the same names, e.g. the model's attention-dropout generator) and the DP reducer's state
+/// (error-feedback buffers, warm-start Q, generator; BR-03) when `reducer` is given. Throws
 /// std::runtime_error naming the file and the mismatch (layout, missing tensor, shape).
 TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
-                           const std::map<std::string, at::Generator>& generators = {});
+                           const std::map<std::string, at::Generator>& generators = {},
+                           GradReducer* reducer = nullptr);
 
 }  // namespace optcc

@@ -1,6 +1,8 @@
 // Cross-field validation and derived quantities of the config.
 #include "harness/config.h"
 
+#include "compression/grad_reducer.h"
+
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -150,11 +152,19 @@ void validate_rest(const Config& c) {
   if (c.data.sources.empty()) fail("data.sources", "[]", "needs at least one source",
                                    "use [nlp-corpus, brown] or paths to .jsonl/.txt files");
   Config copy = c;
-  copy.compression.visit([&](const char* key, std::string& name) {
-    if (name != "none") {
-      fail(std::string("compression.") + key, "'" + name + "'",
-           "is not a known compressor (known: none; the compressor registry arrives with the "
-           "compression work)",
+  copy.compression.visit([&](const char* key, CompressorSpec& spec) {
+    const std::string where = std::string("compression.") + key;
+    if (std::string(key) == "dp") {
+      Registry<GradReducer> registry;
+      register_builtin_grad_reducers(registry);
+      try {
+        (void)registry.create(spec.name, spec.options);  // validates name and options now
+      } catch (const std::exception& e) {
+        fail(where, "'" + spec.name + "'", e.what(), "pick a listed compressor and its documented options");
+      }
+    } else if (spec.name != "none") {
+      fail(where, "'" + spec.name + "'",
+           "only `none` is available for this traffic class so far (compression.dp selects a DP reducer)",
            "use none");
     }
   });

@@ -9,6 +9,8 @@
 // The effective config (after presets and overrides) is written with every result (`to_yaml`).
 #pragma once
 
+#include <yaml-cpp/yaml.h>
+
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -83,14 +85,22 @@ struct DataConfig {
   template <class V> void visit(V&& v);
 };
 
-/// `compression:` compressor per traffic class. The registry arrives with issue 4; until then
-/// only `none` (the uncompressed baseline) exists.
+/// A compressor and its options. In YAML either a name (`dp: powersgd`) or a mapping with the
+/// name and the compressor's options (`dp: {name: powersgd, rank: 4, error_feedback: true}`).
+struct CompressorSpec {
+  std::string name = "none";
+  YAML::Node options;  // the compressor's own keys (validated by the compressor's factory)
+};
+
+/// `compression:` compressor per traffic class; `none` everywhere is the uncompressed baseline.
+/// Today `dp` selects a GradReducer from compression/ (none, fp16, bf16, powersgd); the other
+/// classes accept only `none` until their wiring lands (issues 4-5).
 struct CompressionConfig {
-  std::string dp = "none";                 // data-parallel gradient reduction
-  std::string embedding = "none";          // tied-embedding synchronisation
-  std::string pipeline_forward = "none";   // inter-stage activations
-  std::string pipeline_backward = "none";  // inter-stage activation gradients
-  std::string tp = "none";                 // tensor-parallel collectives
+  CompressorSpec dp;                 // data-parallel gradient reduction
+  CompressorSpec embedding;          // tied-embedding synchronisation
+  CompressorSpec pipeline_forward;   // inter-stage activations
+  CompressorSpec pipeline_backward;  // inter-stage activation gradients
+  CompressorSpec tp;                 // tensor-parallel collectives
   template <class V> void visit(V&& v);
 };
 
@@ -156,6 +166,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 void apply_override(Config& cfg, const std::string& assignment);
 /// The effective config as YAML text (all sections, all keys).
 std::string to_yaml(const Config& cfg);
+/// A compressor spec as one line of YAML: `powersgd` or `{name: powersgd, rank: 4}`.
+std::string to_yaml_value(const CompressorSpec& spec);
 /// If model.vocab_size is 0, reads it from <data.prefix>.json; throws ConfigError if unavailable.
 void resolve_vocab(Config& cfg);
 

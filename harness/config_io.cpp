@@ -23,11 +23,22 @@ template <> const char* type_name<bool>() { return "a boolean (true/false)"; }
 template <> const char* type_name<std::string>() { return "a string"; }
 template <> const char* type_name<std::vector<std::string>>() { return "a list of strings"; }
 template <> const char* type_name<std::vector<int64_t>>() { return "a list of integers"; }
+template <> const char* type_name<CompressorSpec>() {
+  return "a compressor name or a mapping {name: ..., <option>: ...}";
+}
 
 std::string format_value(const std::string& v) { return v; }
 std::string format_value(int64_t v) { return std::to_string(v); }
 std::string format_value(double v) { return fmt::format("{}", v); }
 std::string format_value(bool v) { return v ? "true" : "false"; }
+std::string format_value(const CompressorSpec& c) {
+  if (!c.options || c.options.size() == 0) return c.name;
+  YAML::Emitter e;
+  e << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << c.name;
+  for (const auto& kv : c.options) e << YAML::Key << kv.first << YAML::Value << kv.second;
+  e << YAML::EndMap;
+  return e.c_str();
+}
 template <class T> std::string format_value(const std::vector<T>& v) {
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + format_value(v[i]);
@@ -63,6 +74,20 @@ bool parse(const YAML::Node& n, bool& out) {
   if (s == "true" || s == "True") { out = true; return true; }
   if (s == "false" || s == "False") { out = false; return true; }
   return false;
+}
+bool parse(const YAML::Node& n, CompressorSpec& out) {
+  if (n.IsScalar()) {
+    out.name = n.Scalar();
+    out.options = YAML::Node(YAML::NodeType::Map);
+    return true;
+  }
+  if (!n.IsMap() || !n["name"] || !n["name"].IsScalar()) return false;
+  out.name = n["name"].Scalar();
+  out.options = YAML::Node(YAML::NodeType::Map);
+  for (const auto& kv : n) {
+    if (kv.first.as<std::string>() != "name") out.options[kv.first.as<std::string>()] = YAML::Clone(kv.second);
+  }
+  return true;
 }
 template <class T> bool parse(const YAML::Node& n, std::vector<T>& out) {
   if (n.IsNull()) { out.clear(); return true; }
@@ -273,6 +298,8 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return cfg;
 }
 
+std::string to_yaml_value(const CompressorSpec& spec) { return format_value(spec); }
+
 std::string to_yaml(const Config& const_cfg) {
   Config cfg = const_cfg;  // visit() is non-const by design; copy is cheap
   YAML::Emitter out;
@@ -287,6 +314,14 @@ std::string to_yaml(const Config& const_cfg) {
         out << YAML::Flow << YAML::BeginSeq;
         for (const auto& x : field) out << x;
         out << YAML::EndSeq;
+      } else if constexpr (std::is_same_v<T, CompressorSpec>) {
+        if (!field.options || field.options.size() == 0) {
+          out << field.name;
+        } else {
+          out << YAML::Flow << YAML::BeginMap << YAML::Key << "name" << YAML::Value << field.name;
+          for (const auto& kv : field.options) out << YAML::Key << kv.first << YAML::Value << kv.second;
+          out << YAML::EndMap;
+        }
       } else if constexpr (std::is_same_v<T, std::string>) {
         out << YAML::DoubleQuoted << field;
       } else if constexpr (std::is_same_v<T, double>) {

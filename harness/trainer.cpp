@@ -10,6 +10,7 @@
 
 #include "datasets/gpt_dataset.h"
 #include "datasets/indexed_dataset.h"
+#include "compression/grad_reducer.h"
 #include "harness/checkpoint.h"
 #include "harness/data_loader.h"
 #include "harness/distributed.h"
@@ -271,10 +272,14 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
   const std::vector<int64_t> act_shape{cfg.model.seq_len, cfg.train.micro_batch_size, cfg.model.hidden_size};
   StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape});
   auto pipeline = make_schedule(cfg.parallel.schedule);
+  Registry<GradReducer> reducers;
+  register_builtin_grad_reducers(reducers);
+  auto reducer = reducers.create(cfg.compression.dp.name, cfg.compression.dp.options);  // DP gradients
 
   TrainState state;
   if (options.resume) {
-    state = load_checkpoint(*options.resume, *model, *optimizer, layout, {{"attention", model->attention_generator()}});
+    state = load_checkpoint(*options.resume, *model, *optimizer, layout, {{"attention", model->attention_generator()}},
+                            reducer.get());
     if (!quiet) spdlog::info("resumed from {} at step {}", *options.resume, state.step);
   }
   std::unique_ptr<BatchLoader> loader;
@@ -296,6 +301,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     attrs["launcher"] = d.env.source;
     attrs["resumed_from_step"] = std::to_string(state.step);
     attrs["network_emulation"] = cfg.network.emulate ? "on" : "off";
+    attrs["compression_dp"] = to_yaml_value(cfg.compression.dp);
     attrs["traffic_classes"] = "0 tp, 1 pp_fwd, 2 pp_bwd, 3 dp, 4 embedding, 5 control; link 0 intra, 1 inter";
     sink = std::make_unique<Hdf5MetricsSink>(summary.results_path, attrs, result_tables());
   }
@@ -335,7 +341,12 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     stage_fn.batches.clear();
     for (int64_t i = 0; i < m && loader; ++i) stage_fn.batches.push_back(loader->next());
     const auto result = run_pipeline_step(*pipeline, stage_fn, link, static_cast<int>(m));
-    reduce_data_parallel_grads(params, *d.dp);
+    std::vector<torch::Tensor> grads;
+    for (const auto& p : params) {
+      if (!p.grad().defined()) const_cast<torch::Tensor&>(p).mutable_grad() = torch::zeros_like(p);
+      grads.push_back(p.grad());
+    }
+    reducer->reduce(grads, *d.dp, state.step);  // in place: DP average (or its compressed estimate)
     sync_tied_embedding_grad(model, d.embedding.get());
     const double grad_norm = global_grad_norm(model, d.model_parallel.get(), coord.tp, stages);
     clip_grads_to(params, grad_norm, cfg.train.clip_grad);
@@ -376,7 +387,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
       if (sink) sink->flush();
       summary.last_checkpoint = save_checkpoint(cfg.checkpoint_dir(), state, *model, *optimizer, layout, config_yaml,
                                                 cfg.checkpoint.keep, [&] { d.world->barrier(); },
-                                                {{"attention", model->attention_generator()}});
+                                                {{"attention", model->attention_generator()}}, reducer.get());
       if (!quiet) spdlog::info("checkpoint -> {}", summary.last_checkpoint);
     }
   }

@@ -191,3 +191,43 @@ TEST(Config, VocabFromDatasetOrClearError) {
 
 }  // namespace
 }  // namespace optcc
+
+namespace optcc {
+namespace {
+
+TEST(Config, CompressorByNameOrMappingWithOptions) {
+  testing::TempDir dir;
+  auto c = load_config(write_yaml(dir, "compression:\n  dp: {name: powersgd, rank: 4, error_feedback: false}\n"));
+  EXPECT_EQ(c.compression.dp.name, "powersgd");
+  EXPECT_EQ(c.compression.dp.options["rank"].as<int>(), 4);
+  EXPECT_FALSE(c.compression.dp.options["name"]);
+  EXPECT_EQ(to_yaml_value(c.compression.dp), "{name: powersgd, rank: 4, error_feedback: false}");
+  c.model.vocab_size = 100;
+  EXPECT_EQ(validate_error(c), "");
+  // The effective YAML reloads to the same spec.
+  const std::string path = dir / "effective.yaml";
+  std::ofstream(path) << to_yaml(c);
+  EXPECT_EQ(to_yaml_value(load_config(path).compression.dp), to_yaml_value(c.compression.dp));
+  // --set with a plain name.
+  auto c2 = load_config("", {"compression.dp=fp16"});
+  EXPECT_EQ(c2.compression.dp.name, "fp16");
+}
+
+TEST(Config, UnknownCompressorOrOptionIsNamed) {
+  Config c;
+  c.model.vocab_size = 100;
+  c.compression.dp.name = "topkk";
+  auto msg = validate_error(c);
+  EXPECT_THAT(msg, HasSubstr("compression.dp = 'topkk'"));
+  EXPECT_THAT(msg, HasSubstr("powersgd"));  // the known ones are listed
+  c = load_config("", {"compression.dp={name: powersgd, rnk: 4}"});
+  c.model.vocab_size = 100;
+  EXPECT_THAT(validate_error(c), HasSubstr("unknown option 'rnk'"));
+  c = load_config("", {"compression.pipeline_backward=lowrank"});
+  c.model.vocab_size = 100;
+  EXPECT_THAT(validate_error(c), HasSubstr("only `none` is available for this traffic class so far"));
+  EXPECT_THAT(load_error("compression:\n  dp: [powersgd]\n"), HasSubstr("is not a compressor name or a mapping"));
+}
+
+}  // namespace
+}  // namespace optcc

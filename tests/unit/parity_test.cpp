@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include <functional>
 #include <regex>
 
 #include "harness/distributed.h"
@@ -181,38 +182,52 @@ TEST(Traffic, MeasuredBytesEqualFormulas) {
   }
 }
 
-// Per-rank checkpoints on TP2 x PP2 x DP2: a run resumed at step 2 continues bit-identically.
-TEST(Resume3D, BitIdenticalOnSameLayout) {
-  const Dims dims{2, 2, 2};
+// Losses of steps 3-4 of a 4-step run, uninterrupted and resumed from a step-2 checkpoint.
+std::pair<std::vector<double>, std::vector<double>> full_and_resumed(Dims dims, const std::function<void(Config&)>& edit) {
   testing::TempDir dir;
   testing::write_synthetic_corpus(dir / "corpus", 64, 300);
   auto run = [&](int64_t steps, bool save, std::optional<std::string> resume) {
     Config cfg = parity_config(dir, dims);
+    edit(cfg);
     cfg.train.train_steps = 4;
     cfg.checkpoint.dir = dir / "ckpt";
     cfg.checkpoint.interval = save ? 2 : 0;
+    if (steps < 4) {  // stop early but keep the 4-step LR schedule
+      cfg.train.decay_steps = 4 - cfg.train.warmup_steps;
+      cfg.train.train_steps = steps;
+    }
     std::vector<double> losses;
     testing::run_layout({dims.tp, dims.pp, dims.dp}, [&](int rank, Distributed& dist) {
       TrainOptions opt;
       opt.quiet = true;
       opt.resume = resume;
-      Config c = cfg;
-      if (steps < 4) {  // stop early but keep the 4-step LR schedule
-        c.train.decay_steps = 4 - c.train.warmup_steps;
-        c.train.train_steps = steps;
-      }
-      auto s = run_training(c, opt, dist);
+      auto s = run_training(cfg, opt, dist);
       if (rank == 0) losses = s.train_losses;
     });
     return losses;
   };
-  const auto full = run(4, false, std::nullopt);
+  auto full = run(4, false, std::nullopt);
   run(2, true, std::nullopt);
-  const auto resumed = run(4, false, dir / "ckpt");
-  ASSERT_EQ(full.size(), 4u);
+  auto resumed = run(4, false, dir / "ckpt");
+  return {std::vector<double>(full.begin() + 2, full.end()), resumed};
+}
+
+// Per-rank checkpoints on TP2 x PP2 x DP2: a run resumed at step 2 continues bit-identically.
+TEST(Resume3D, BitIdenticalOnSameLayout) {
+  auto [full, resumed] = full_and_resumed({2, 2, 2}, [](Config&) {});
   ASSERT_EQ(resumed.size(), 2u);
-  EXPECT_EQ(resumed[0], full[2]);
-  EXPECT_EQ(resumed[1], full[3]);
+  EXPECT_EQ(resumed, full);
+}
+
+// The same with PowerSGD on the DP gradients: error-feedback buffers, warm-start Q and the
+// reducer's generator travel with the checkpoint (BR-03), so the continuation is bit-identical.
+TEST(Resume3D, PowerSgdStateTravelsWithTheCheckpoint) {
+  auto [full, resumed] = full_and_resumed({1, 2, 2}, [](Config& c) {
+    c.compression.dp.name = "powersgd";
+    c.compression.dp.options = YAML::Load("{rank: 2, warmup_steps: 1}");
+  });
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_EQ(resumed, full);
 }
 
 }  // namespace
