@@ -4,23 +4,14 @@
 
 namespace optcc {
 
-void reduce_data_parallel_grads(const std::vector<torch::Tensor>& params, Communicator& dp) {
-  torch::NoGradGuard no_grad;
+std::vector<torch::Tensor> ensure_grads(const std::vector<torch::Tensor>& params) {
   std::vector<torch::Tensor> grads;
   grads.reserve(params.size());
   for (const auto& p : params) {
     if (!p.grad().defined()) const_cast<torch::Tensor&>(p).mutable_grad() = torch::zeros_like(p);
-    grads.push_back(p.grad().reshape({-1}));
+    grads.push_back(p.grad());
   }
-  if (dp.size() == 1) return;
-  auto buffer = torch::cat(grads);  // the contiguous gradient buffer of this stage
-  buffer.div_(dp.size());
-  dp.all_reduce(buffer, Traffic::kDataParallel);
-  int64_t offset = 0;
-  for (const auto& p : params) {
-    p.grad().copy_(buffer.narrow(0, offset, p.numel()).view_as(p));
-    offset += p.numel();
-  }
+  return grads;
 }
 
 void sync_tied_embedding_grad(GptModel& model, Communicator* embedding) {

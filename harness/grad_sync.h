@@ -1,7 +1,7 @@
 // Gradient reduction after a step's pipeline schedule (the baseline order of spec §1.2):
-//   1. data parallel: Megatron v2.5 "local DDP": all gradients of this stage flattened into one
-//      contiguous buffer, divided by dp, all-reduced (sum) over the DP group after the schedule
-//      returned (no bucketing, no overlap: selective compression reasons about this timing);
+//   1. data parallel: the configured GradReducer (compression/grad_reducer.h; `none` is Megatron
+//      v2.5 "local DDP": one flattened buffer, divided by dp, all-reduced after the schedule
+//      returned, no bucketing or overlap), over the gradients that ensure_grads() returns;
 //   2. tied embedding: on the first and last stage (pp > 1) the word-embedding gradient is
 //      all-reduced (sum) over the 2-rank embedding group, so the two copies get the same update;
 //   3. global gradient norm over the model-parallel group (each parameter counted once).
@@ -18,8 +18,9 @@
 
 namespace optcc {
 
-/// Step 1. Parameters without a gradient get a zero one first (so buffers line up across ranks).
-void reduce_data_parallel_grads(const std::vector<torch::Tensor>& params, Communicator& dp);
+/// The gradients of `params`, in order; a parameter without one gets zeros first, so every rank
+/// hands the DP reducer the same list of tensors. The returned tensors alias the .grad fields.
+std::vector<torch::Tensor> ensure_grads(const std::vector<torch::Tensor>& params);
 
 /// Step 2. No-op when `embedding` is null (middle stages) or has one rank (pp == 1).
 void sync_tied_embedding_grad(GptModel& model, Communicator* embedding);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "harness/grad_sync.h"
 #include "models/gpt.h"
 
 namespace optcc {
@@ -47,12 +48,7 @@ double clip_grad_global_norm(const std::vector<torch::Tensor>& params, double ma
     if (p.grad().defined()) sum_sq += p.grad().pow(2).sum().item<double>();
   }
   const double norm = std::sqrt(sum_sq);
-  if (max_norm > 0 && norm > max_norm) {
-    const double scale = max_norm / (norm + 1e-6);
-    for (const auto& p : params) {
-      if (p.grad().defined()) p.grad().mul_(scale);
-    }
-  }
+  clip_grads_to(params, norm, max_norm);
   return norm;
 }
 

@@ -341,11 +341,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     stage_fn.batches.clear();
     for (int64_t i = 0; i < m && loader; ++i) stage_fn.batches.push_back(loader->next());
     const auto result = run_pipeline_step(*pipeline, stage_fn, link, static_cast<int>(m));
-    std::vector<torch::Tensor> grads;
-    for (const auto& p : params) {
-      if (!p.grad().defined()) const_cast<torch::Tensor&>(p).mutable_grad() = torch::zeros_like(p);
-      grads.push_back(p.grad());
-    }
+    auto grads = ensure_grads(params);
     reducer->reduce(grads, *d.dp, state.step);  // in place: DP average (or its compressed estimate)
     sync_tied_embedding_grad(model, d.embedding.get());
     const double grad_norm = global_grad_norm(model, d.model_parallel.get(), coord.tp, stages);

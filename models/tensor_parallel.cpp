@@ -119,6 +119,14 @@ torch::Tensor init_full_normal(torch::IntArrayRef sizes, double std, uint64_t se
   return w;
 }
 
+namespace {
+// This rank's contiguous block of `full` along `dim` (n/t of n), as its own tensor.
+torch::Tensor own_shard(const torch::Tensor& full, int64_t dim, const Communicator* tp) {
+  const int64_t per = full.size(dim) / tp_size(tp);
+  return full.narrow(dim, tp_rank(tp) * per, per).clone();
+}
+}  // namespace
+
 torch::Tensor copy_to_tp_region(const torch::Tensor& x, Communicator* tp) {
   return trivial(tp) ? x : CopyToRegion::apply(x, tp);
 }
@@ -139,7 +147,7 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, Comm
   TORCH_CHECK(out % t == 0, "ColumnParallelLinear(tag ", tag, "): out_features ", out,
               " is not divisible by the TP size ", t, "; each rank holds out/t weight rows");
   auto full = init_full_normal({out, in}, std, seed, tag);
-  weight = register_parameter("weight", full.narrow(0, tp_rank(tp) * (out / t), out / t).clone());
+  weight = register_parameter("weight", own_shard(full, 0, tp));
   bias = register_parameter("bias", torch::zeros({out / t}));
 }
 
@@ -155,7 +163,7 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, Communicat
   TORCH_CHECK(in % t == 0, "RowParallelLinear(tag ", tag, "): in_features ", in,
               " is not divisible by the TP size ", t, "; each rank holds in/t weight columns");
   auto full = init_full_normal({out, in}, std, seed, tag);
-  weight = register_parameter("weight", full.narrow(1, tp_rank(tp) * (in / t), in / t).clone());
+  weight = register_parameter("weight", own_shard(full, 1, tp));
   bias = register_parameter("bias", torch::zeros({out}));
 }
 

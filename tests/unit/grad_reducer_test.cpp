@@ -133,7 +133,7 @@ TEST_P(Reducers, NoneIsTheExactMeanAndMatchesTheBaselineBitForBit) {
     const float tri = n * (n + 1) / 2.0f;
     EXPECT_TRUE(torch::equal(grads[0], torch::arange(12, torch::kFloat).view({3, 4}).mul(0.125 * tri / n)));
     EXPECT_TRUE(torch::equal(grads[1], torch::full({5}, 0.5f * (n - 1) * n / 2 / n)));
-    // Random values: bit-identical to reduce_data_parallel_grads' recipe (cat, ÷ n, all-reduce).
+    // Random values: bit-identical to Megatron's local-DDP recipe (cat, ÷ n, all-reduce).
     auto g = make_grads(ctx.rank, 0);
     auto ref = flatten_fp32(g).div_(n);
     comm->all_reduce(ref, Traffic::kDataParallel);
