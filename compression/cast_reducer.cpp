@@ -17,12 +17,12 @@ void CastReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, in
   if (wire_ == torch::kBFloat16 && !wire.is_cuda()) {
     // Gloo (LibTorch 1.13) has no bf16 (nor int16): gather the bits as fp16 (a plain copy),
     // reinterpret, and accumulate in fp32 in rank order.
-    auto all = dp.all_gather(wire.view(torch::kHalf), Traffic::kDataParallel, 0);
+    auto all = dp.all_gather(wire.view(torch::kHalf), traffic_class(), 0);
     auto parts = all.view(torch::kBFloat16).to(torch::kFloat).view({dp.size(), -1});
     sum = parts[0].clone();
     for (int r = 1; r < dp.size(); ++r) sum.add_(parts[r]);
   } else {
-    dp.all_reduce(wire, Traffic::kDataParallel);
+    dp.all_reduce(wire, traffic_class());
     sum = wire.to(torch::kFloat);
   }
   sum.div_(dp.size());

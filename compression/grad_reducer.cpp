@@ -2,6 +2,7 @@
 
 #include "compression/cast_reducer.h"
 #include "compression/powersgd.h"
+#include "compression/sparse_reducers.h"
 
 namespace optcc {
 
@@ -37,7 +38,7 @@ void NoneReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, in
   for (const auto& g : grads) flat.push_back(g.reshape({-1}));
   auto buffer = torch::cat(flat);
   buffer.div_(dp.size());
-  dp.all_reduce(buffer, Traffic::kDataParallel);
+  dp.all_reduce(buffer, traffic_class());
   int64_t offset = 0;
   for (size_t i = 0; i < grads.size(); ++i) {
     grads[i].copy_(buffer.narrow(0, offset, grads[i].numel()).view_as(grads[i]));
@@ -82,6 +83,30 @@ void register_builtin_grad_reducers(Registry<GradReducer>& registry) {
                "error_feedback, ef_residual, orthogonalize, warm_start, seed)",
                [](const YAML::Node& o) -> std::unique_ptr<GradReducer> {
                  return std::make_unique<PowerSgdReducer>(PowerSgdOptions::from_yaml(o));
+               });
+  registry.add("topk",
+               "top-k sparsification with error feedback; values + int32 indices all-gathered "
+               "(options: fraction, count, error_feedback, min_numel)",
+               [](const YAML::Node& o) -> std::unique_ptr<GradReducer> {
+                 return std::make_unique<TopKReducer>(TopKOptions::from_yaml(o));
+               });
+  registry.add("randomk",
+               "random-k sparsification with error feedback; indices from a shared seed, values all-reduced "
+               "(options: fraction, count, error_feedback, min_numel, seed)",
+               [](const YAML::Node& o) -> std::unique_ptr<GradReducer> {
+                 return std::make_unique<RandomKReducer>(RandomKOptions::from_yaml(o));
+               });
+  registry.add("qsgd",
+               "QSGD stochastic quantisation per bucket; int8 codes + fp32 norms all-gathered "
+               "(options: levels, bucket_size, error_feedback, min_numel, seed)",
+               [](const YAML::Node& o) -> std::unique_ptr<GradReducer> {
+                 return std::make_unique<QsgdReducer>(QsgdOptions::from_yaml(o));
+               });
+  registry.add("signsgd",
+               "scaled sign (EF-SignSGD): 1 bit per entry + one fp32 scale per tensor, all-gathered "
+               "(options: error_feedback, min_numel)",
+               [](const YAML::Node& o) -> std::unique_ptr<GradReducer> {
+                 return std::make_unique<SignSgdReducer>(SignSgdOptions::from_yaml(o));
                });
 }
 

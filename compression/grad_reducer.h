@@ -9,7 +9,8 @@
 //     ranks hold identical values (0 ULP).
 //   - step: the global optimizer step (0-based) being reduced; stateful reducers derive their
 //     warm-up from it, so a resumed run continues where it stopped (BR-03).
-//   - All its collectives are issued on `dp` with Traffic::kDataParallel, except the one-float
+//   - All its collectives are issued on `dp` with traffic_class() (Traffic::kDataParallel unless
+//     set otherwise, e.g. kEmbedding for the embedding synchronisation), except the one-float
 //     non-finite flag of compressing reducers (Traffic::kControl, so DP bytes match the formulas).
 //   - A group of one rank: the identity reducers return at once; PowerSGD still compresses (the
 //     same numerics as on many ranks, with no communication).
@@ -59,6 +60,11 @@ class GradReducer {
   virtual void save(torch::serialize::OutputArchive& archive) const {}
   virtual void load(torch::serialize::InputArchive& archive) {}
 
+  /// The traffic class of its collectives: kDataParallel unless set (kEmbedding when the reducer
+  /// compresses the tied-embedding synchronisation). Set before the first reduce().
+  void set_traffic_class(Traffic cls) { traffic_ = cls; }
+  Traffic traffic_class() const { return traffic_; }
+
   /// Names for records() (optional; same order as grads).
   void set_tensor_names(std::vector<std::string> names) { names_ = std::move(names); }
   const std::vector<TensorRecord>& records() const { return records_; }
@@ -71,6 +77,7 @@ class GradReducer {
 
   std::vector<TensorRecord> records_;
   std::vector<std::string> names_;
+  Traffic traffic_ = Traffic::kDataParallel;
 };
 
 /// `none`: the baseline (bit-identical to reduce_data_parallel_grads): all gradients flattened
@@ -85,7 +92,8 @@ class NoneReducer : public GradReducer {
 torch::Tensor flatten_fp32(const std::vector<torch::Tensor>& grads);
 void unflatten_into(const torch::Tensor& flat, std::vector<torch::Tensor>& grads);
 
-/// Adds none, fp16, bf16 and powersgd (option keys: see each header) to `registry`.
+/// Adds none, fp16, bf16, powersgd (powersgd.h), topk, randomk, qsgd and signsgd
+/// (sparse_reducers.h) to `registry`; option keys: see each header.
 void register_builtin_grad_reducers(Registry<GradReducer>& registry);
 
 }  // namespace optcc

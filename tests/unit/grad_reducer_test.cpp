@@ -58,7 +58,7 @@ PowerSgdOptions psgd(int64_t rank, std::string ef = "averaged") {
 TEST(GradReducerRegistry, UnknownNameListsKnownNamesWithHelp) {
   Registry<GradReducer> reg;
   register_builtin_grad_reducers(reg);
-  EXPECT_EQ(reg.names(), (std::vector<std::string>{"bf16", "fp16", "none", "powersgd"}));
+  EXPECT_EQ(reg.names(), (std::vector<std::string>{"bf16", "fp16", "none", "powersgd", "qsgd", "randomk", "signsgd", "topk"}));
   try {
     reg.create("powrsgd");
     FAIL() << "no throw";
