@@ -7,14 +7,13 @@
 #include <filesystem>
 #include <fstream>
 
-#include "compression/grad_reducer.h"
 
 namespace optcc {
 namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int64_t kFormatVersion = 1;
+constexpr int64_t kFormatVersion = 2;  // 2: compressor state under state/<name>
 
 std::string rank_file(const fs::path& ckpt_dir, int64_t rank) {
   return (ckpt_dir / fmt::format("rank_{:05d}.pt", rank)).string();
@@ -45,7 +44,7 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
                             const std::string& config_yaml, int64_t keep,
                             const std::function<void()>& barrier,
                             const std::map<std::string, at::Generator>& generators,
-                            const GradReducer* reducer) {
+                            const std::vector<CheckpointPart>& parts) {
   const fs::path ckpt_dir = fs::path(dir) / fmt::format("iter_{:07d}", state.step);
   std::error_code ec;
   fs::create_directories(ckpt_dir, ec);
@@ -64,11 +63,11 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
   ar.write("optimizer", opt_ar);
   ar.write("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
   for (const auto& [name, gen] : generators) ar.write("rng/" + name, gen.get_state());
-  if (reducer) {
-    torch::serialize::OutputArchive red;
-    reducer->save(red);
-    ar.write("reducer", red);
-    ar.write("meta/reducer", c10::IValue(reducer->name()));
+  for (const auto& part : parts) {
+    torch::serialize::OutputArchive sub;
+    part.save(sub);
+    ar.write("state/" + part.name, sub);
+    ar.write("meta/state/" + part.name, c10::IValue(part.identity));
   }
 
   const std::string file = rank_file(ckpt_dir, layout.rank);
@@ -104,7 +103,7 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
 TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
                            const std::map<std::string, at::Generator>& generators,
-                           GradReducer* reducer) {
+                           const std::vector<CheckpointPart>& parts) {
   fs::path ckpt_dir = ckpt;
   if (fs::exists(ckpt_dir / "latest")) ckpt_dir = *latest_checkpoint(ckpt);
   const std::string file = rank_file(ckpt_dir, layout.rank);
@@ -164,21 +163,23 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
     }
     g.set_state(state);
   }
-  if (reducer) {
-    c10::IValue saved_name;
-    torch::serialize::InputArchive red;
+  for (const auto& part : parts) {
+    c10::IValue saved_identity;
+    torch::serialize::InputArchive sub;
     try {
-      ar.read("meta/reducer", saved_name);
-      ar.read("reducer", red);
+      ar.read("meta/state/" + part.name, saved_identity);
+      ar.read("state/" + part.name, sub);
     } catch (const c10::Error&) {
-      throw std::runtime_error(fmt::format("checkpoint: {} holds no DP reducer state", file));
+      throw std::runtime_error(fmt::format("checkpoint: {} holds no '{}' state ({}). Fix: resume with "
+                                           "the compression settings the checkpoint was written with.",
+                                           file, part.name, part.identity));
     }
-    if (saved_name.toStringRef() != reducer->name()) {
-      throw std::runtime_error(fmt::format("checkpoint: {} was written with compression.dp = {}, but this run uses {}. "
+    if (saved_identity.toStringRef() != part.identity) {
+      throw std::runtime_error(fmt::format("checkpoint: {} was written with {} = {}, but this run uses {}. "
                                            "Fix: resume with the same compressor.",
-                                           file, saved_name.toStringRef(), reducer->name()));
+                                           file, part.name, saved_identity.toStringRef(), part.identity));
     }
-    reducer->load(red);
+    part.load(sub);
   }
   return TrainState{read_scalar(ar, "meta/step"), read_scalar(ar, "meta/consumed_samples")};
 }

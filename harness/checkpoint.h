@@ -12,10 +12,20 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace optcc {
 
-class GradReducer;
+/// A stateful component saved with the checkpoint (compressor state: DP and embedding reducers'
+/// error-feedback buffers, warm-start Q and generators, the pipeline codec's Q and LEP buffers;
+/// BR-03). `name` keys it in the file; `identity` (e.g. "powersgd(rank=4)") must be equal on load,
+/// so a run never resumes a compressor's state into a different compressor.
+struct CheckpointPart {
+  std::string name;
+  std::string identity;
+  std::function<void(torch::serialize::OutputArchive&)> save;
+  std::function<void(torch::serialize::InputArchive&)> load;
+};
 
 /// What the training loop needs besides model and optimizer.
 struct TrainState {
@@ -37,19 +47,19 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
                             const std::string& config_yaml, int64_t keep,
                             const std::function<void()>& barrier = [] {},
                             const std::map<std::string, at::Generator>& generators = {},
-                            const GradReducer* reducer = nullptr);
+                            const std::vector<CheckpointPart>& parts = {});
 
 /// The checkpoint directory `latest` points to under `dir`, if any.
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 
 /// Loads this rank's file from checkpoint directory `ckpt` (an iter_* directory, or a directory
 /// holding `latest`) into model/optimizer, the default CPU generator and `generators` (saved under
-/// the same names, e.g. the model's attention-dropout generator) and the DP reducer's state
-/// (error-feedback buffers, warm-start Q, generator; BR-03) when `reducer` is given. Throws
-/// std::runtime_error naming the file and the mismatch (layout, missing tensor, shape).
+/// the same names, e.g. the model's attention-dropout generator) and every part of `parts` (BR-03).
+/// Throws std::runtime_error naming the file and the mismatch (layout, missing tensor, shape, a
+/// part missing or saved by a different compressor).
 TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
                            const std::map<std::string, at::Generator>& generators = {},
-                           GradReducer* reducer = nullptr);
+                           const std::vector<CheckpointPart>& parts = {});
 
 }  // namespace optcc

@@ -97,6 +97,15 @@ void Communicator::wait_work(const c10::intrusive_ptr<c10d::Work>& work, const s
 void Communicator::all_reduce(torch::Tensor& t, Traffic cls, bool max) {
   if (size() == 1) return;
   TORCH_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
+  const torch::ScalarType wire = wire_dtype_[static_cast<int>(cls)];
+  if (wire != torch::kByte && wire != torch::kFloat && wire != t.scalar_type() && !max &&
+      t.is_floating_point()) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor cast = t.to(wire);
+    all_reduce(cast, cls, max);  // the cast tensor's dtype equals `wire`: no further cast
+    t.copy_(cast);
+    return;
+  }
   const auto t0 = Clock::now();
   std::vector<torch::Tensor> ts{t};
   c10d::AllreduceOptions opts;

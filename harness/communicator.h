@@ -124,6 +124,14 @@ class Communicator {
 
   TrafficMeter* meter() const { return meter_; }
 
+  /// Cast-on-the-wire compression of the floating-point all-reduces of one class (compression.tp:
+  /// fp16 / bf16 for Traffic::kTensorParallel): the tensor is cast to `dtype`, summed in it and
+  /// copied back (bytes counted in `dtype`). kFloat or the tensor's own dtype: no cast. Set on
+  /// every rank of the group alike, before the first collective.
+  void set_all_reduce_wire_dtype(Traffic cls, torch::ScalarType dtype) {
+    wire_dtype_[static_cast<int>(cls)] = dtype;
+  }
+
  private:
   friend class CommHandle;
   void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
@@ -138,6 +146,7 @@ class Communicator {
   Link link_;
   TrafficMeter* meter_;
   std::chrono::milliseconds timeout_;
+  std::array<torch::ScalarType, kNumTraffic> wire_dtype_{};  // kByte (0) = no cast
 };
 
 }  // namespace optcc

@@ -1,9 +1,13 @@
 // Cross-field validation and derived quantities of the config.
 #include "harness/config.h"
 
+#include "compression/act_codec.h"
 #include "compression/grad_reducer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
 
 #include <filesystem>
 #include <numeric>
@@ -142,6 +146,49 @@ void validate_train(const Config& c) {
                           "use 0 for automatic");
 }
 
+void validate_reducer(const std::string& where, const CompressorSpec& spec) {
+  Registry<GradReducer> registry;
+  register_builtin_grad_reducers(registry);
+  try {
+    (void)registry.create(spec.name, spec.options);  // validates the name and options now
+  } catch (const std::exception& e) {
+    fail(where, "'" + spec.name + "'", e.what(), "pick a listed compressor and its documented options");
+  }
+}
+
+void validate_codec(const Config& c, const std::string& where, const CompressorSpec& spec) {
+  try {
+    (void)make_act_codec(spec.name, pipeline_codec_options(c, spec));
+  } catch (const std::exception& e) {
+    fail(where, "'" + spec.name + "'", e.what(),
+         fmt::format("pick one of {} with its documented options", fmt::join(act_codec_names(), ", ")));
+  }
+}
+
+void validate_compression(const Config& c) {
+  const auto& k = c.compression;
+  validate_reducer("compression.dp", k.dp);
+  validate_reducer("compression.embedding", k.embedding);
+  validate_codec(c, "compression.pipeline_forward", k.pipeline_forward);
+  validate_codec(c, "compression.pipeline_backward", k.pipeline_backward);
+  (void)sc_way(c);  // throws on a bad compression.dp_stages
+  if (k.backward_phases != "all" && k.backward_phases != "epilogue") {
+    fail("compression.backward_phases", "'" + k.backward_phases + "'", "must be all or epilogue",
+         "use epilogue for the paper's epilogue-only CB (spec §4), all to compress every send");
+  }
+  if (k.lep != "lazy" && k.lep != "off" && k.lep != "per_microbatch") {
+    fail("compression.lep", "'" + k.lep + "'", "must be lazy, off or per_microbatch",
+         "use lazy (the paper's LEP), off (NON-LEP) or per_microbatch (classic error feedback)");
+  }
+  if (k.tp.name != "none" && k.tp.name != "fp16" && k.tp.name != "bf16") {
+    fail("compression.tp", "'" + k.tp.name + "'", "tensor-parallel all-reduces support none, fp16 or bf16",
+         "use one of them (the paper never compresses TP traffic, spec §9)");
+  }
+  if (k.tp.options && k.tp.options.size() > 0) {
+    fail("compression.tp", to_yaml_value(k.tp), "the cast compressors take no options", "give only the name");
+  }
+}
+
 void validate_rest(const Config& c) {
   if (c.data.vocab_size < 16) fail("data.vocab_size", std::to_string(c.data.vocab_size),
                                    "must be >= 16", "use e.g. 8000");
@@ -151,23 +198,7 @@ void validate_rest(const Config& c) {
   }
   if (c.data.sources.empty()) fail("data.sources", "[]", "needs at least one source",
                                    "use [nlp-corpus, brown] or paths to .jsonl/.txt files");
-  Config copy = c;
-  copy.compression.visit([&](const char* key, CompressorSpec& spec) {
-    const std::string where = std::string("compression.") + key;
-    if (std::string(key) == "dp") {
-      Registry<GradReducer> registry;
-      register_builtin_grad_reducers(registry);
-      try {
-        (void)registry.create(spec.name, spec.options);  // validates name and options now
-      } catch (const std::exception& e) {
-        fail(where, "'" + spec.name + "'", e.what(), "pick a listed compressor and its documented options");
-      }
-    } else if (spec.name != "none") {
-      fail(where, "'" + spec.name + "'",
-           "only `none` is available for this traffic class so far (compression.dp selects a DP reducer)",
-           "use none");
-    }
-  });
+  validate_compression(c);
   if (c.network.emulate && (c.network.intra_node_gbps <= 0 || c.network.inter_node_gbps <= 0)) {
     fail("network.emulate", "true", "needs intra_node_gbps and inter_node_gbps > 0",
          "declare both link bandwidths, or set emulate: false");
@@ -216,6 +247,76 @@ std::string Config::run_name() const {
 std::string Config::checkpoint_dir() const {
   if (!checkpoint.dir.empty()) return checkpoint.dir;
   return (std::filesystem::path(log.dir) / "ckpt" / run_name()).string();
+}
+
+YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec) {
+  YAML::Node o = spec.options && spec.options.IsMap() ? YAML::Clone(spec.options)
+                                                       : YAML::Node(YAML::NodeType::Map);
+  auto fill = [&](const char* key, int64_t value) {
+    if (!o[key]) o[key] = value;
+  };
+  if (spec.name == "lowrank") {
+    fill("hidden", c.model.hidden_size);
+    const std::string view = o["view"] ? o["view"].as<std::string>() : "token_major";
+    if (view == "reference") {
+      fill("seq_len", c.model.seq_len);
+      fill("micro_batch", c.train.micro_batch_size);
+    }
+  } else if (spec.name == "int8" || spec.name == "int4") {
+    fill("hidden", c.model.hidden_size);
+  }
+  return o;
+}
+
+int64_t sc_way(const Config& c) {
+  const std::string& v = c.compression.dp_stages;
+  if (v == "all") return c.parallel.pp;
+  if (v == "auto") return -1;
+  int64_t way = 0;
+  size_t used = 0;
+  try {
+    way = std::stoll(v, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used != v.size() || way < 1) {
+    fail("compression.dp_stages", "'" + v + "'", "must be all, auto or a positive integer way",
+         "use all, auto, or e.g. 3 to compress stages 0..2 (spec §6.5)");
+  }
+  return std::min<int64_t>(way, c.parallel.pp);
+}
+
+std::vector<std::string> compression_scheme_names() {
+  return {"baseline", "cb", "cb_fe", "cb_fe_sc", "cb_nonlep"};
+}
+
+void apply_compression_scheme(CompressionConfig& c, const std::string& name) {
+  if (name.empty()) return;
+  const auto names = compression_scheme_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    throw ConfigError(fmt::format(
+        "compression.scheme = '{}' is not a known scheme. Known schemes: {}. Fix: pick one, or "
+        "leave scheme empty and set the compression keys yourself.",
+        name, fmt::join(names, ", ")));
+  }
+  c = CompressionConfig{};
+  c.scheme = name;
+  if (name == "baseline") return;
+  // CB: rank-16 low-rank codec on activation gradients, epilogue-only, LEP (spec §8.1).
+  c.pipeline_backward.name = "lowrank";
+  c.pipeline_backward.options = YAML::Node(YAML::NodeType::Map);
+  c.pipeline_backward.options["rank"] = 16;
+  c.backward_phases = "epilogue";
+  c.lep = name == "cb_nonlep" ? "off" : "lazy";
+  if (name == "cb_fe" || name == "cb_fe_sc") c.fused_embedding = true;
+  if (name == "cb_fe_sc") {  // PowerSGD rank 128 with error feedback on the first 3 stages
+    c.dp.name = "powersgd";
+    c.dp.options = YAML::Node(YAML::NodeType::Map);
+    c.dp.options["rank"] = 128;
+    c.dp.options["error_feedback"] = true;
+    c.dp.options["warmup_steps"] = 0;
+    c.dp_stages = "3";
+  }
 }
 
 }  // namespace optcc

@@ -92,17 +92,43 @@ struct CompressorSpec {
   YAML::Node options;  // the compressor's own keys (validated by the compressor's factory)
 };
 
-/// `compression:` compressor per traffic class; `none` everywhere is the uncompressed baseline.
-/// Today `dp` selects a GradReducer from compression/ (none, fp16, bf16, powersgd); the other
-/// classes accept only `none` until their wiring lands (issues 4-5).
+/// `compression:` compressor per traffic class and the Optimus-CC techniques (spec §2-§6);
+/// `none` everywhere (the default) is the uncompressed baseline, bit-identical to it.
+///   dp                 GradReducer (compression/grad_reducer.h registry): none, fp16, bf16,
+///                      powersgd, topk, randomk, qsgd, signsgd.
+///   dp_stages          SC (spec §6.5): `all` (every stage compresses its DP gradients), an
+///                      integer `way` (stages 0..way-1 compress, the rest reduce raw), or `auto`
+///                      (stages whose raw DP all-reduce would end after stage 0's, from the
+///                      schedule's critical path and the declared link speed; logged).
+///   embedding          GradReducer for the tied-embedding synchronisation (pair or FE group).
+///   fused_embedding    FE (spec §5.2): word-embedding gradients leave the DP reduction; one
+///                      all-reduce over {first, last stage} x all DP replicas per TP rank, ÷ dp.
+///   pipeline_forward   ActCodec (compression/act_codec.h) for inter-stage activations.
+///   pipeline_backward  ActCodec for inter-stage activation gradients; `lowrank` = CB (spec §2).
+///   backward_phases    which backward sends are compressed: `all` or `epilogue` (spec §4).
+///   lep                error feedback of compressed backward sends (spec §3): `lazy` (one buffer
+///                      per rank, the paper), `off` (NON-LEP), `per_microbatch` (one per slot).
+///   tp                 tensor-parallel all-reduces: none, fp16 or bf16 (cast on the wire).
+///   scheme             a named row of the paper applied before the other keys of the section:
+///                      baseline | cb | cb_fe | cb_fe_sc | cb_nonlep (spec §8.1); "" = none.
 struct CompressionConfig {
-  CompressorSpec dp;                 // data-parallel gradient reduction
-  CompressorSpec embedding;          // tied-embedding synchronisation
-  CompressorSpec pipeline_forward;   // inter-stage activations
-  CompressorSpec pipeline_backward;  // inter-stage activation gradients
-  CompressorSpec tp;                 // tensor-parallel collectives
+  std::string scheme = "";
+  CompressorSpec dp;
+  std::string dp_stages = "all";
+  CompressorSpec embedding;
+  bool fused_embedding = false;
+  CompressorSpec pipeline_forward;
+  CompressorSpec pipeline_backward;
+  std::string backward_phases = "all";
+  std::string lep = "lazy";
+  CompressorSpec tp;
   template <class V> void visit(V&& v);
 };
+
+/// The scheme names `compression.scheme` accepts, and applying one (resets the section first).
+std::vector<std::string> compression_scheme_names();
+/// Throws ConfigError naming the known schemes when `name` is unknown.
+void apply_compression_scheme(CompressionConfig& c, const std::string& name);
 
 /// `network:` link emulation (architecture.md §5); off unless `emulate: true`.
 struct NetworkConfig {
@@ -120,6 +146,7 @@ struct LogConfig {
   std::string run_name = "";     // "" = config file stem
   int64_t interval = 10;         // steps between progress lines and HDF5 flushes
   std::string level = "info";    // spdlog level: debug | info | warn
+  bool lep_orthogonality = false;  // Fig. 11 diagnostic on the last stage (/lep_orthogonality)
   template <class V> void visit(V&& v);
 };
 
@@ -168,6 +195,15 @@ void apply_override(Config& cfg, const std::string& assignment);
 std::string to_yaml(const Config& cfg);
 /// A compressor spec as one line of YAML: `powersgd` or `{name: powersgd, rank: 4}`.
 std::string to_yaml_value(const CompressorSpec& spec);
+
+/// The options handed to make_act_codec() for a pipeline codec: the user's, plus the model's
+/// sizes where the codec needs them and the user gave none (lowrank: hidden, and seq_len /
+/// micro_batch for view: reference; int8/int4: hidden).
+YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec);
+
+/// SC (spec §6.5): the number of leading stages that compress DP gradients: pp for `all`, the
+/// integer way capped at pp, or -1 for `auto` (resolved at run time). Throws ConfigError.
+int64_t sc_way(const Config& c);
 /// If model.vocab_size is 0, reads it from <data.prefix>.json; throws ConfigError if unavailable.
 void resolve_vocab(Config& cfg);
 

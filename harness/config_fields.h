@@ -57,10 +57,15 @@ template <class V> void DataConfig::visit(V&& v) {
 }
 
 template <class V> void CompressionConfig::visit(V&& v) {
+  v("scheme", scheme);
   v("dp", dp);
+  v("dp_stages", dp_stages);
   v("embedding", embedding);
+  v("fused_embedding", fused_embedding);
   v("pipeline_forward", pipeline_forward);
   v("pipeline_backward", pipeline_backward);
+  v("backward_phases", backward_phases);
+  v("lep", lep);
   v("tp", tp);
 }
 
@@ -77,6 +82,7 @@ template <class V> void LogConfig::visit(V&& v) {
   v("run_name", run_name);
   v("interval", interval);
   v("level", level);
+  v("lep_orthogonality", lep_orthogonality);
 }
 
 template <class V> void CheckpointConfig::visit(V&& v) {

@@ -217,6 +217,16 @@ void set_key(Config& cfg, const std::string& sec, const std::string& key, const 
       apply_preset(cfg, preset, where);
       return;
     }
+    if (sec == "compression" && key == "scheme") {
+      std::string scheme;
+      if (!parse(n, scheme)) set_field(section, sec, key, n, where);  // throws the type error
+      try {
+        apply_compression_scheme(cfg.compression, scheme);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("config error ({}): {}", where, e.what()));
+      }
+      return;
+    }
     set_field(section, sec, key, n, where);
   });
   if (!found) {
@@ -244,10 +254,15 @@ void apply_document(Config& cfg, const YAML::Node& root, const std::string& wher
           sec_name, node_text(body)));
     }
     // The preset goes first so explicit sizes in the same section override it.
+    // The preset (scheme) goes first so explicit keys in the same section override it.
     if (sec_name == "model" && body["preset"]) set_key(cfg, "model", "preset", body["preset"], where);
+    if (sec_name == "compression" && body["scheme"]) {
+      set_key(cfg, "compression", "scheme", body["scheme"], where);
+    }
     for (const auto& kv : body) {
       const std::string key = kv.first.as<std::string>();
       if (sec_name == "model" && key == "preset") continue;
+      if (sec_name == "compression" && key == "scheme") continue;
       set_key(cfg, sec_name, key, kv.second, where);
     }
   }

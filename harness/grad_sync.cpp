@@ -24,6 +24,95 @@ void sync_tied_embedding_grad(GptModel& model, Communicator* embedding) {
   w.mutable_grad() = g;
 }
 
+GradientSync::GradientSync(const Config& cfg, GptModel& model, Communicator* dp, Communicator* embedding,
+                           Communicator* fused_embedding, int stage)
+    : model_(model),
+      dp_(dp),
+      embedding_(embedding),
+      fused_embedding_(fused_embedding),
+      dp_size_(cfg.parallel.dp),
+      fused_(cfg.compression.fused_embedding) {
+  Registry<GradReducer> registry;
+  register_builtin_grad_reducers(registry);
+  const int64_t way = sc_way(cfg);
+  TORCH_CHECK(way >= 0, "compression.dp_stages = auto must be resolved before GradientSync");
+  compress_dp_ = stage < way;
+  dp_reducer_ = compress_dp_ ? registry.create(cfg.compression.dp.name, cfg.compression.dp.options)
+                             : registry.create("none");
+  if (cfg.compression.embedding.name != "none") {
+    embedding_reducer_ = registry.create(cfg.compression.embedding.name, cfg.compression.embedding.options);
+    embedding_reducer_->set_traffic_class(Traffic::kEmbedding);
+  }
+  auto w = model_->word_embedding();
+  for (const auto& item : model_->named_parameters()) {
+    all_names_.push_back(item.key());
+    const bool is_word_embedding = w.defined() && item.value().is_same(w);
+    if (!(fused_ && is_word_embedding)) dp_names_.push_back(item.key());
+  }
+  dp_reducer_->set_tensor_names(dp_names_);
+}
+
+bool GradientSync::reduce(const std::vector<torch::Tensor>& params, int64_t step) {
+  auto grads = ensure_grads(params);
+  auto w = model_->word_embedding();
+  torch::Tensor wgrad;
+  std::vector<torch::Tensor> dp_grads;
+  dp_grads.reserve(grads.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (fused_ && w.defined() && params[i].is_same(w)) {
+      wgrad = grads[i];
+      continue;
+    }
+    dp_grads.push_back(grads[i]);
+  }
+  bool finite = true;
+  try {
+    dp_reducer_->reduce(dp_grads, *dp_, step);  // in place: DP average (or its compressed estimate)
+  } catch (const NonFiniteGradients&) {
+    finite = false;
+  }
+  auto reduce_embedding = [&](torch::Tensor& g, Communicator& group) {
+    std::vector<torch::Tensor> one{g};
+    try {
+      embedding_reducer_->reduce(one, group, step);  // the group's mean
+    } catch (const NonFiniteGradients&) {
+      finite = false;
+    }
+  };
+  torch::NoGradGuard no_grad;
+  if (fused_) {
+    if (!fused_embedding_) return finite;  // middle stage: no word embedding
+    TORCH_CHECK(wgrad.defined(), "FE on a stage without the word embedding");
+    if (embedding_reducer_) {
+      reduce_embedding(wgrad, *fused_embedding_);  // mean over the 2d (d when pp == 1) ranks
+      if (fused_embedding_->size() == 2 * dp_size_) wgrad.mul_(2.0);
+    } else {
+      fused_embedding_->all_reduce(wgrad, Traffic::kEmbedding);  // Σ_j (g_first,j + g_last,j)
+      wgrad.div_(static_cast<double>(dp_size_));
+    }
+    return finite;
+  }
+  if (!embedding_ || embedding_->size() == 1) return finite;
+  if (embedding_reducer_) {
+    torch::Tensor g = w.grad();
+    reduce_embedding(g, *embedding_);  // mean of the pair
+    g.mul_(2.0);
+  } else {
+    sync_tied_embedding_grad(model_, embedding_);
+  }
+  return finite;
+}
+
+std::vector<CheckpointPart> GradientSync::checkpoint_parts() {
+  std::vector<CheckpointPart> parts;
+  GradReducer* dp = dp_reducer_.get();
+  parts.push_back({"dp_reducer", dp->name(), [dp](auto& a) { dp->save(a); }, [dp](auto& a) { dp->load(a); }});
+  if (GradReducer* e = embedding_reducer_.get()) {
+    parts.push_back({"embedding_reducer", e->name(), [e](auto& a) { e->save(a); }, [e](auto& a) { e->load(a); }});
+  }
+  return parts;
+}
+
 double global_grad_norm(GptModel& model, Communicator* model_parallel, int tp_rank, int stages) {
   torch::NoGradGuard no_grad;
   double sum_sq = 0.0;

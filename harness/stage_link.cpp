@@ -144,6 +144,12 @@ void StageLink::post(const P2PCall& call, size_t index, const torch::Tensor& sen
                                             where(call, index), wire_shapes.size(),
                                             kMaxPayloadParts));
   }
+  std::vector<torch::ScalarType> wire_dtypes = codec_->wire_dtypes(m, call, slice_numel);
+  if (wire_dtypes.empty()) wire_dtypes.assign(wire_shapes.size(), c10::typeMetaToScalarType(options_.dtype()));
+  if (wire_dtypes.size() != wire_shapes.size()) {
+    throw std::invalid_argument(fmt::format("{}: the codec gives {} wire dtypes for {} parts",
+                                            where(call, index), wire_dtypes.size(), wire_shapes.size()));
+  }
   const Traffic cls = traffic_of(m.dir);
   if (is_send(m.dir)) {
     const torch::Tensor flat = send_tensor.detach().contiguous().view({-1});
@@ -152,21 +158,26 @@ void StageLink::post(const P2PCall& call, size_t index, const torch::Tensor& sen
     bool as_announced = p.wire.size() == wire_shapes.size();  // the receiver allocates those
     for (size_t k = 0; as_announced && k < p.wire.size(); ++k) {
       as_announced = p.wire[k].sizes() == at::IntArrayRef(wire_shapes[k]) &&
-                     p.wire[k].scalar_type() == options_.dtype();
+                     p.wire[k].scalar_type() == wire_dtypes[k];
     }
     if (!as_announced) {
-      std::vector<std::string> got;
-      for (const torch::Tensor& w : p.wire) got.push_back(shape_str(w.sizes()));
+      std::vector<std::string> got, announced;
+      for (const torch::Tensor& w : p.wire) {
+        got.push_back(fmt::format("{}{}", c10::toString(w.scalar_type()), shape_str(w.sizes())));
+      }
+      for (size_t k = 0; k < wire_shapes.size(); ++k) {
+        announced.push_back(fmt::format("{}{}", c10::toString(wire_dtypes[k]), shape_str(wire_shapes[k])));
+      }
       throw std::invalid_argument(fmt::format(
-          "{}: the codec encoded {} but announced {} in the link's dtype to the receiver",
-          where(call, index), fmt::join(got, " "), fmt::join(wire_shapes, " ")));
+          "{}: the codec encoded {} but announced {} to the receiver", where(call, index),
+          fmt::join(got, " "), fmt::join(announced, " ")));
     }
     for (size_t k = 0; k < p.wire.size(); ++k) {
       p.handles.push_back(pipeline_.send(p.wire[k], m.peer_stage, cls, tag_of(m, k)));
     }
   } else {
     for (size_t k = 0; k < wire_shapes.size(); ++k) {
-      p.wire.push_back(torch::empty(wire_shapes[k], options_));
+      p.wire.push_back(torch::empty(wire_shapes[k], options_.dtype(wire_dtypes[k])));
       p.handles.push_back(pipeline_.recv(p.wire.back(), m.peer_stage, cls, tag_of(m, k)));
     }
   }
@@ -183,7 +194,7 @@ torch::Tensor StageLink::finish_recv(const P2PCall& call, size_t index, Pending&
     throw std::invalid_argument(fmt::format("{}: the codec decoded {} elements, expected {}",
                                             where(call, index), slice.numel(), slice_numel));
   }
-  slice = slice.contiguous().view({-1});
+  slice = slice.to(c10::typeMetaToScalarType(options_.dtype())).contiguous().view({-1});
   // The intra-node hop of scatter-gather, counted under the message's own class (stage_link.h).
   const torch::Tensor flat = sg ? tp_->all_gather(slice, traffic_of(m.dir), 0) : slice;
   torch::Tensor t = flat.view(shape);

@@ -47,19 +47,25 @@
 
 namespace optcc {
 
-/// Hook for compressing messages (CB, spec §2; a later issue adds the PowerSGD-style codec): what
-/// travels for one message. The sender hands encode() this TP rank's flat slice (1-D: N/t elements
-/// with scatter-gather, N without) and posts the returned tensors in order; the receiver allocates
-/// tensors of wire_shapes() in the link's dtype, receives them and decode()s them into the slice.
-/// Both ends call wire_shapes() with the same micro-batch, call flags and slice length, so its
-/// answer must depend on those alone (plan data, never tensor values). `msg.dir` is the local
-/// side's direction (kSendBackward on the sender, kRecvBackward on the receiver). At most
+/// Hook for compressing messages (CB, spec §2; harness/pipeline_codec.h adapts the ActCodecs):
+/// what travels for one message. The sender hands encode() this TP rank's flat slice (1-D: N/t
+/// elements with scatter-gather, N without) and posts the returned tensors in order; the receiver
+/// allocates tensors of wire_shapes() / wire_dtypes(), receives them and decode()s them into the
+/// slice (any float dtype; the link casts it to its own). Both ends call wire_shapes() and
+/// wire_dtypes() with the same micro-batch, call flags and slice length, so their answers must
+/// depend on those alone (plan data, never tensor values). `msg.dir` is the local side's
+/// direction (kSendBackward on the sender, kRecvBackward on the receiver). At most
 /// kMaxPayloadParts tensors per message.
 class MessageCodec {
  public:
   virtual ~MessageCodec() = default;
   virtual std::vector<std::vector<int64_t>> wire_shapes(const P2PMessage& msg, const P2PCall& call,
                                                         int64_t slice_numel) const = 0;
+  /// Per-part dtypes aligned with wire_shapes(); empty (the default) = the link's dtype for all.
+  virtual std::vector<torch::ScalarType> wire_dtypes(const P2PMessage& msg, const P2PCall& call,
+                                                     int64_t slice_numel) const {
+    return {};
+  }
   virtual std::vector<torch::Tensor> encode(const P2PMessage& msg, const P2PCall& call,
                                             const torch::Tensor& slice) = 0;  // slice [N/t]
   /// Returns the flat slice [slice_numel].

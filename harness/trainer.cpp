@@ -5,11 +5,15 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "datasets/gpt_dataset.h"
 #include "datasets/indexed_dataset.h"
+#include "compression/act_codec.h"
 #include "compression/grad_reducer.h"
 #include "harness/checkpoint.h"
 #include "harness/data_loader.h"
@@ -17,6 +21,7 @@
 #include "harness/grad_sync.h"
 #include "harness/metrics.h"
 #include "harness/optimizer.h"
+#include "harness/pipeline_codec.h"
 #include "harness/pipeline_runner.h"
 #include "harness/run_info.h"
 #include "harness/stage_link.h"
@@ -55,6 +60,37 @@ std::vector<TableSpec> result_tables() {
         {"calls", ColumnType::kInt64, ""},
         {"seconds", ColumnType::kFloat64, "s"}}},
       {"memory", {{"step", ColumnType::kInt64, "steps"}, {"rank", ColumnType::kInt64, ""}, {"peak_rss_bytes", ColumnType::kInt64, "bytes"}}},
+      // BR-04: one row per (step, rank, DP tensor): raw vs. handed-to-collective bytes. `tensor`
+      // indexes the root attribute dp_tensor_names[rank]; matrix_rank is PowerSGD's effective rank.
+      {"dp_tensors",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"tensor", ColumnType::kInt64, ""},
+        {"raw_bytes", ColumnType::kInt64, "bytes"},
+        {"sent_bytes", ColumnType::kInt64, "bytes"},
+        {"compressed", ColumnType::kInt64, ""},
+        {"matrix_rank", ColumnType::kInt64, ""}}},
+      // Pipeline codec per (step, rank): messages this rank sent and their bytes before/after.
+      {"pipeline_codec",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"backward_sends", ColumnType::kInt64, ""},
+        {"backward_compressed", ColumnType::kInt64, ""},
+        {"backward_raw_bytes", ColumnType::kInt64, "bytes"},
+        {"backward_wire_bytes", ColumnType::kInt64, "bytes"},
+        {"forward_raw_bytes", ColumnType::kInt64, "bytes"},
+        {"forward_wire_bytes", ColumnType::kInt64, "bytes"},
+        {"encode_seconds", ColumnType::kFloat64, "s"},
+        {"decode_seconds", ColumnType::kFloat64, "s"},
+        {"lep_bytes", ColumnType::kInt64, "bytes"}}},
+      // Fig. 11 (spec §3.3), when log.lep_orthogonality is on: one row per (step, rank, j).
+      {"lep_orthogonality",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"microbatch", ColumnType::kInt64, ""},
+        {"cosine", ColumnType::kFloat64, ""},
+        {"error_mean", ColumnType::kFloat64, ""},
+        {"delta_mean", ColumnType::kFloat64, ""}}},
       // Every rank's own timing of each step (BR-19): its pipeline schedule, then the whole step.
       {"timing",
        {{"step", ColumnType::kInt64, "steps"},
@@ -132,10 +168,25 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
-// Gathers every rank's traffic of this step, peak memory and timings to all ranks; rank 0 writes.
-void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double pipeline_seconds, double step_seconds) {
+// Per-rank rows of one step besides traffic: compression records (fixed widths agreed at start).
+struct StepExtras {
+  const GradReducer* dp_reducer = nullptr;
+  int64_t max_dp_tensors = 0;          // max over ranks of the DP tensor count
+  PipelineCodec* codec = nullptr;
+  int64_t max_orth_pairs = 0;          // m - 1 when the Fig. 11 check is on, else 0
+};
+
+// Gathers every rank's traffic of this step, peak memory, timings and compression records to all
+// ranks with one all-gather; rank 0 writes.
+void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double pipeline_seconds, double step_seconds,
+                       const StepExtras& x) {
   constexpr int kPer = 3;
-  const int64_t width = kNumTraffic * 2 * kPer + 3;
+  constexpr int kCodec = 9;
+  const int64_t traffic_width = kNumTraffic * 2 * kPer;
+  const int64_t tensors_at = traffic_width + 3;
+  const int64_t codec_at = tensors_at + 1 + 4 * x.max_dp_tensors;
+  const int64_t orth_at = codec_at + kCodec;
+  const int64_t width = orth_at + 1 + 4 * x.max_orth_pairs;
   auto mine = torch::zeros({width}, torch::kDouble);
   auto a = mine.accessor<double, 1>();
   for (int c = 0; c < kNumTraffic; ++c) {
@@ -145,25 +196,86 @@ void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double p
       a[i] = static_cast<double>(t.bytes), a[i + 1] = static_cast<double>(t.calls), a[i + 2] = t.seconds;
     }
   }
-  a[width - 3] = static_cast<double>(peak_rss_bytes());
-  a[width - 2] = pipeline_seconds;
-  a[width - 1] = step_seconds;
+  a[traffic_width] = static_cast<double>(peak_rss_bytes());
+  a[traffic_width + 1] = pipeline_seconds;
+  a[traffic_width + 2] = step_seconds;
+  if (x.dp_reducer) {
+    const auto& recs = x.dp_reducer->records();
+    a[tensors_at] = static_cast<double>(recs.size());
+    for (size_t i = 0; i < recs.size() && static_cast<int64_t>(i) < x.max_dp_tensors; ++i) {
+      const int64_t o = tensors_at + 1 + 4 * static_cast<int64_t>(i);
+      a[o] = static_cast<double>(recs[i].raw_bytes), a[o + 1] = static_cast<double>(recs[i].sent_bytes);
+      a[o + 2] = recs[i].compressed ? 1 : 0, a[o + 3] = static_cast<double>(recs[i].rank);
+    }
+  }
+  if (x.codec) {
+    const auto& st = x.codec->stats();
+    const double v[kCodec] = {static_cast<double>(st.backward_sends), static_cast<double>(st.backward_compressed),
+                              static_cast<double>(st.backward_raw_bytes), static_cast<double>(st.backward_wire_bytes),
+                              static_cast<double>(st.forward_raw_bytes), static_cast<double>(st.forward_wire_bytes),
+                              st.encode_seconds, st.decode_seconds, static_cast<double>(x.codec->lep_bytes())};
+    for (int i = 0; i < kCodec; ++i) a[codec_at + i] = v[i];
+    x.codec->reset_stats();
+    if (x.max_orth_pairs > 0) {
+      const auto orth = x.codec->orthogonality();
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(orth.cosine.size()), x.max_orth_pairs);
+      a[orth_at] = static_cast<double>(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t o = orth_at + 1 + 4 * i;
+        a[o] = orth.microbatch[i], a[o + 1] = orth.cosine[i], a[o + 2] = orth.error_mean[i], a[o + 3] = orth.delta_mean[i];
+      }
+    }
+  }
   d.meter.reset();
   auto all = d.world->all_gather(mine.unsqueeze(0), Traffic::kControl, 0);  // [world, width]
   if (!sink) return;
   auto g = all.accessor<double, 2>();
+  auto i64 = [](double v) { return static_cast<int64_t>(v); };
   for (int64_t r = 0; r < all.size(0); ++r) {
     for (int c = 0; c < kNumTraffic; ++c) {
       for (int l = 0; l < 2; ++l) {
         const int64_t i = (c * 2 + l) * kPer;
         if (g[r][i + 1] == 0) continue;
-        sink->append("traffic", {step, r, int64_t{c}, int64_t{l}, static_cast<int64_t>(g[r][i]),
-                                 static_cast<int64_t>(g[r][i + 1]), g[r][i + 2]});
+        sink->append("traffic", {step, r, int64_t{c}, int64_t{l}, i64(g[r][i]), i64(g[r][i + 1]), g[r][i + 2]});
       }
     }
-    sink->append("memory", {step, r, static_cast<int64_t>(g[r][width - 3])});
-    sink->append("timing", {step, r, g[r][width - 2], g[r][width - 1]});
+    sink->append("memory", {step, r, i64(g[r][traffic_width])});
+    sink->append("timing", {step, r, g[r][traffic_width + 1], g[r][traffic_width + 2]});
+    for (int64_t i = 0; i < i64(g[r][tensors_at]); ++i) {
+      const int64_t o = tensors_at + 1 + 4 * i;
+      sink->append("dp_tensors", {step, r, i, i64(g[r][o]), i64(g[r][o + 1]), i64(g[r][o + 2]), i64(g[r][o + 3])});
+    }
+    if (g[r][codec_at] > 0 || g[r][codec_at + 5] > 0) {
+      sink->append("pipeline_codec", {step, r, i64(g[r][codec_at]), i64(g[r][codec_at + 1]), i64(g[r][codec_at + 2]),
+                                      i64(g[r][codec_at + 3]), i64(g[r][codec_at + 4]), i64(g[r][codec_at + 5]),
+                                      g[r][codec_at + 6], g[r][codec_at + 7], i64(g[r][codec_at + 8])});
+    }
+    for (int64_t i = 0; i < i64(g[r][orth_at]); ++i) {
+      const int64_t o = orth_at + 1 + 4 * i;
+      sink->append("lep_orthogonality", {step, r, i64(g[r][o]), g[r][o + 1], g[r][o + 2], g[r][o + 3]});
+    }
   }
+}
+
+// Every rank's strings (e.g. DP tensor names) on every rank, in rank order.
+std::vector<std::vector<std::string>> gather_names(Distributed& d, const std::vector<std::string>& names) {
+  std::string joined;
+  for (const auto& n : names) joined += n + "\n";
+  auto len = torch::tensor({static_cast<int64_t>(joined.size())}, torch::kLong);
+  d.world->all_reduce(len, Traffic::kControl, /*max=*/true);
+  auto buf = torch::zeros({len.item<int64_t>() + 1}, torch::kUInt8);
+  std::memcpy(buf.data_ptr(), joined.data(), joined.size());
+  auto all = d.world->all_gather(buf.unsqueeze(0), Traffic::kControl, 0).contiguous();
+  std::vector<std::vector<std::string>> out(all.size(0));
+  for (int64_t r = 0; r < all.size(0); ++r) {
+    const char* p = reinterpret_cast<const char*>(all[r].data_ptr<uint8_t>());
+    std::string s(p, strnlen(p, static_cast<size_t>(all.size(1))));
+    size_t start = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s[i] == '\n') out[r].push_back(s.substr(start, i - start)), start = i + 1;
+    }
+  }
+  return out;
 }
 
 // Forward-only pass over the validation micro-batches through the pipeline; mean loss on all ranks.
@@ -270,18 +382,51 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
   const std::string config_yaml = to_yaml(cfg);
   const int64_t m = cfg.num_micro_batches();
   const std::vector<int64_t> act_shape{cfg.model.seq_len, cfg.train.micro_batch_size, cfg.model.hidden_size};
-  StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape});
+  const auto& comp = cfg.compression;
+  // Pipeline messages: CB / LEP / epilogue-only and forward codecs (pipeline_codec.h).
+  auto codec = std::make_shared<PipelineCodec>(
+      make_act_codec(comp.pipeline_forward.name, pipeline_codec_options(cfg, comp.pipeline_forward)),
+      make_act_codec(comp.pipeline_backward.name, pipeline_codec_options(cfg, comp.pipeline_backward)),
+      parse_backward_phases(comp.backward_phases), parse_lep_mode(comp.lep));
+  codec->enable_orthogonality_check(cfg.log.lep_orthogonality && range.is_last && stages > 1);
+  StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape}, torch::kFloat, codec);
+  if (comp.tp.name != "none" && d.tp) {  // cast-on-the-wire TP all-reduces
+    d.tp->set_all_reduce_wire_dtype(Traffic::kTensorParallel, comp.tp.name == "fp16" ? torch::kHalf : torch::kBFloat16);
+  }
   auto pipeline = make_schedule(cfg.parallel.schedule);
-  Registry<GradReducer> reducers;
-  register_builtin_grad_reducers(reducers);
-  auto reducer = reducers.create(cfg.compression.dp.name, cfg.compression.dp.options);  // DP gradients
+  // DP gradients (SC decides per stage), tied-embedding sync (baseline pair or FE).
+  GradientSync grad_sync(cfg, model, d.dp.get(), d.embedding.get(), d.fused_embedding.get(), coord.pp);
+  auto checkpoint_parts = grad_sync.checkpoint_parts();
+  if (codec->compresses_backward() || codec->compresses_forward()) {
+    PipelineCodec* c = codec.get();
+    checkpoint_parts.push_back({"pipeline_codec",
+                                fmt::format("fwd={} bwd={} phases={} lep={}", to_yaml_value(comp.pipeline_forward),
+                                            to_yaml_value(comp.pipeline_backward), comp.backward_phases, comp.lep),
+                                [c](auto& a) { c->save(a); }, [c](auto& a) { c->load(a); }});
+  }
 
   TrainState state;
   if (options.resume) {
     state = load_checkpoint(*options.resume, *model, *optimizer, layout, {{"attention", model->attention_generator()}},
-                            reducer.get());
+                            checkpoint_parts);
     if (!quiet) spdlog::info("resumed from {} at step {}", *options.resume, state.step);
   }
+  // Fixed widths of the per-step record gather, and the DP tensor names of every rank.
+  StepExtras extras;
+  extras.dp_reducer = &grad_sync.dp_reducer();
+  extras.codec = codec.get();
+  {
+    auto n = torch::tensor({static_cast<int64_t>(grad_sync.dp_tensor_names().size())}, torch::kLong);
+    d.world->all_reduce(n, Traffic::kControl, /*max=*/true);
+    extras.max_dp_tensors = n.item<int64_t>();
+    extras.max_orth_pairs = cfg.log.lep_orthogonality ? std::max<int64_t>(0, m - 1) : 0;
+  }
+  const auto all_dp_names = gather_names(d, grad_sync.dp_tensor_names());
+  const auto sc_stages = [&] {  // which stages compress DP gradients (SC), for the log and results
+    std::string out;
+    for (int k = 0; k < stages; ++k) out += fmt::format("{}{}", out.empty() ? "" : ",", k < sc_way(cfg) ? "c" : "raw");
+    return out;
+  }();
   std::unique_ptr<BatchLoader> loader;
   if (has_data) {
     loader = std::make_unique<BatchLoader>(data.train, cfg.model.seq_len, cfg.train.micro_batch_size, coord.dp,
@@ -301,7 +446,19 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     attrs["launcher"] = d.env.source;
     attrs["resumed_from_step"] = std::to_string(state.step);
     attrs["network_emulation"] = cfg.network.emulate ? "on" : "off";
-    attrs["compression_dp"] = to_yaml_value(cfg.compression.dp);
+    attrs["compression_dp"] = to_yaml_value(comp.dp);
+    attrs["compression_scheme"] = comp.scheme.empty() ? "(none)" : comp.scheme;
+    attrs["compression_summary"] = fmt::format(
+        "dp={} dp_stages={} [{}] embedding={} fused_embedding={} pipeline_forward={} pipeline_backward={} "
+        "backward_phases={} lep={} tp={}",
+        to_yaml_value(comp.dp), comp.dp_stages, sc_stages, to_yaml_value(comp.embedding), comp.fused_embedding,
+        to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases, comp.lep,
+        to_yaml_value(comp.tp));
+    // BR-05: which reconstruction the error-feedback residual subtracts, when the reducer has one.
+    attrs["dp_ef_residual"] = comp.dp.options && comp.dp.options["ef_residual"]
+                                  ? comp.dp.options["ef_residual"].as<std::string>()
+                                  : (comp.dp.name == "powersgd" ? "averaged" : "n/a");
+    attrs["dp_tensor_names"] = nlohmann::json(all_dp_names).dump();
     attrs["traffic_classes"] = "0 tp, 1 pp_fwd, 2 pp_bwd, 3 dp, 4 embedding, 5 control; link 0 intra, 1 inter";
     sink = std::make_unique<Hdf5MetricsSink>(summary.results_path, attrs, result_tables());
   }
@@ -315,6 +472,11 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}; results -> {}",
                  cfg.train.train_steps, cfg.train.global_batch_size, m, cfg.train.micro_batch_size,
                  at::get_num_threads(), summary.results_path);
+    spdlog::info("compression{}: dp={} on stages [{}], embedding={}{}, pipeline fwd={} bwd={} ({}, lep {}), tp={}",
+                 comp.scheme.empty() ? "" : " (scheme " + comp.scheme + ")", to_yaml_value(comp.dp), sc_stages,
+                 to_yaml_value(comp.embedding), comp.fused_embedding ? " fused (FE)" : "",
+                 to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases,
+                 comp.lep, to_yaml_value(comp.tp));
   }
 
   auto run_eval = [&](int64_t step) {
@@ -340,13 +502,21 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     optimizer->zero_grad();
     stage_fn.batches.clear();
     for (int64_t i = 0; i < m && loader; ++i) stage_fn.batches.push_back(loader->next());
+    codec->begin_step();
     const auto result = run_pipeline_step(*pipeline, stage_fn, link, static_cast<int>(m));
-    auto grads = ensure_grads(params);
-    reducer->reduce(grads, *d.dp, state.step);  // in place: DP average (or its compressed estimate)
-    sync_tied_embedding_grad(model, d.embedding.get());
+    const bool finite = grad_sync.reduce(params, state.step);  // DP (SC), then embedding (pair or FE)
+    if (!finite) {  // BR-01: NaN norm here reaches every rank through the model-parallel all-reduce
+      for (const auto& p : params) p.grad().fill_(std::numeric_limits<float>::quiet_NaN());
+    }
     const double grad_norm = global_grad_norm(model, d.model_parallel.get(), coord.tp, stages);
-    clip_grads_to(params, grad_norm, cfg.train.clip_grad);
-    optimizer->step();
+    if (std::isfinite(grad_norm)) {
+      clip_grads_to(params, grad_norm, cfg.train.clip_grad);
+      optimizer->step();
+    } else {
+      summary.skipped_steps += 1;
+      if (!quiet) spdlog::warn("step {}: non-finite gradients (norm {}); optimizer step skipped on every rank",
+                               state.step + 1, grad_norm);
+    }
     state.step += 1;
     state.consumed_samples += cfg.train.global_batch_size;
 
@@ -362,7 +532,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     seconds_run += dt;
     summary.train_losses.push_back(loss);
-    record_rank_stats(d, sink.get(), state.step, result.seconds, dt);
+    record_rank_stats(d, sink.get(), state.step, result.seconds, dt, extras);
     if (sink) sink->append("train", {state.step, loss, lr, grad_norm, dt, tokens_per_step / dt});
     if (state.step % cfg.log.interval == 0 || state.step == cfg.train.train_steps) {
       if (sink) sink->flush();
@@ -383,7 +553,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
       if (sink) sink->flush();
       summary.last_checkpoint = save_checkpoint(cfg.checkpoint_dir(), state, *model, *optimizer, layout, config_yaml,
                                                 cfg.checkpoint.keep, [&] { d.world->barrier(); },
-                                                {{"attention", model->attention_generator()}}, reducer.get());
+                                                {{"attention", model->attention_generator()}}, checkpoint_parts);
       if (!quiet) spdlog::info("checkpoint -> {}", summary.last_checkpoint);
     }
   }

@@ -34,6 +34,7 @@ struct TrainSummary {
   std::vector<double> eval_losses;   // one per evaluation, nats (the same on every rank)
   std::string results_path;          // the HDF5 file written (by global rank 0)
   std::string last_checkpoint;       // "" if none written
+  int64_t skipped_steps = 0;         // optimizer steps skipped on non-finite gradients (BR-01)
   std::map<std::string, torch::Tensor> parameters;  // keep_parameters: this rank's, by name
 };
 

@@ -10,6 +10,7 @@
 namespace optcc {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string write_yaml(const testing::TempDir& dir, const std::string& text) {
@@ -223,10 +224,59 @@ TEST(Config, UnknownCompressorOrOptionIsNamed) {
   c = load_config("", {"compression.dp={name: powersgd, rnk: 4}"});
   c.model.vocab_size = 100;
   EXPECT_THAT(validate_error(c), HasSubstr("unknown option 'rnk'"));
+  EXPECT_THAT(load_error("compression:\n  dp: [powersgd]\n"), HasSubstr("is not a compressor name or a mapping"));
+  // Pipeline codecs: the model's hidden size is filled in; unknown names and bad options are named.
   c = load_config("", {"compression.pipeline_backward=lowrank"});
   c.model.vocab_size = 100;
-  EXPECT_THAT(validate_error(c), HasSubstr("only `none` is available for this traffic class so far"));
-  EXPECT_THAT(load_error("compression:\n  dp: [powersgd]\n"), HasSubstr("is not a compressor name or a mapping"));
+  EXPECT_EQ(validate_error(c), "");
+  EXPECT_EQ(pipeline_codec_options(c, c.compression.pipeline_backward)["hidden"].as<int64_t>(), c.model.hidden_size);
+  c = load_config("", {"compression.pipeline_forward=lowrnk"});
+  c.model.vocab_size = 100;
+  EXPECT_THAT(validate_error(c), AllOf(HasSubstr("compression.pipeline_forward = 'lowrnk'"), HasSubstr("int8")));
+  c = load_config("", {"compression.pipeline_backward={name: lowrank, view: diagonal}"});
+  c.model.vocab_size = 100;
+  EXPECT_THAT(validate_error(c), HasSubstr("'view' is 'diagonal'"));
+  for (const auto& [set, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"compression.tp=powersgd", "compression.tp = 'powersgd'"},
+           {"compression.lep=sometimes", "compression.lep = 'sometimes'"},
+           {"compression.backward_phases=steady", "compression.backward_phases = 'steady'"},
+           {"compression.dp_stages=first3", "compression.dp_stages = 'first3'"},
+           {"compression.embedding=powersgdd", "compression.embedding = 'powersgdd'"}}) {
+    c = load_config("", {set});
+    c.model.vocab_size = 100;
+    EXPECT_THAT(validate_error(c), HasSubstr(expect)) << set;
+  }
+}
+
+TEST(Config, SchemesSetThePaperRowsAndExplicitKeysOverrideThem) {
+  testing::TempDir dir;
+  auto load = [&](const std::string& text) {
+    const std::string path = dir / "s.yaml";
+    std::ofstream(path) << text;
+    return load_config(path);
+  };
+  Config cb = load("compression:\n  lep: off\n  scheme: cb\n");  // scheme first, whatever the order
+  EXPECT_EQ(cb.compression.pipeline_backward.name, "lowrank");
+  EXPECT_EQ(cb.compression.pipeline_backward.options["rank"].as<int64_t>(), 16);
+  EXPECT_EQ(cb.compression.backward_phases, "epilogue");
+  EXPECT_EQ(cb.compression.lep, "off");  // the explicit key wins
+  EXPECT_FALSE(cb.compression.fused_embedding);
+  Config sc = load_config("", {"compression.scheme=cb_fe_sc"});
+  EXPECT_TRUE(sc.compression.fused_embedding);
+  EXPECT_EQ(sc.compression.dp.name, "powersgd");
+  EXPECT_EQ(sc.compression.dp.options["rank"].as<int64_t>(), 128);
+  EXPECT_EQ(sc.compression.dp_stages, "3");
+  EXPECT_EQ(sc.compression.lep, "lazy");
+  EXPECT_EQ(load_config("", {"compression.scheme=cb_nonlep"}).compression.lep, "off");
+  Config base = load_config("", {"compression.scheme=cb", "compression.scheme=baseline"});  // resets
+  base.compression.scheme = "";
+  EXPECT_EQ(to_yaml(base), to_yaml(Config{}));
+  // The effective YAML reloads to the same config.
+  const std::string path = dir / "effective.yaml";
+  std::ofstream(path) << to_yaml(cb);
+  EXPECT_EQ(to_yaml(load_config(path)), to_yaml(cb));
+  EXPECT_THAT(load_error("compression:\n  scheme: cb_fe_sc_x\n"),
+              AllOf(HasSubstr("compression.scheme = 'cb_fe_sc_x'"), HasSubstr("cb_fe_sc, cb_nonlep")));
 }
 
 }  // namespace

@@ -126,6 +126,9 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Parity,
 // ring collectives; stage_link.h for the scatter-gather split) for every rank of TP2 x PP2 x DP2.
 #include <H5Cpp.h>
 
+#include <numeric>
+#include <tuple>
+
 namespace optcc {
 namespace {
 
@@ -228,6 +231,106 @@ TEST(Resume3D, PowerSgdStateTravelsWithTheCheckpoint) {
   });
   ASSERT_EQ(resumed.size(), 2u);
   EXPECT_EQ(resumed, full);
+}
+
+// The same with CB (rank 4, LEP) on the activation gradients and PowerSGD on the DP gradients: BR-03's
+// case. The pipeline codec's warm-start Q and LEP buffer travel with the checkpoint too.
+TEST(Resume3D, CbLepAndPowerSgdStateTravelWithTheCheckpoint) {
+  auto [full, resumed] = full_and_resumed({1, 2, 2}, [](Config& c) {
+    c.compression.dp.name = "powersgd";
+    c.compression.dp.options = YAML::Load("{rank: 2, warmup_steps: 1}");
+    c.compression.pipeline_backward.name = "lowrank";
+    c.compression.pipeline_backward.options = YAML::Load("{rank: 4}");
+    c.compression.lep = "lazy";
+  });
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_EQ(resumed, full);
+}
+
+void check_optimus_cc_results(const std::vector<TrainSummary>& out);
+
+// Optimus-CC on TP2 x PP2 x DP2: CB (rank 4, epilogue-only, LEP), FE and SC (PowerSGD on stage 0
+// only). Measured bytes per class follow the closed forms; the tied copies stay identical; the
+// per-step records land in the results file.
+TEST(OptimusCc, BytesPerClassTiedCopiesAndRecords) {
+  const Dims dims{2, 2, 2};
+  testing::TempDir dir;
+  testing::write_synthetic_corpus(dir / "corpus", 64, 300);
+  Config cfg = parity_config(dir, dims);
+  cfg.train.train_steps = 3;
+  cfg.compression.pipeline_backward.name = "lowrank";
+  cfg.compression.pipeline_backward.options = YAML::Load("{rank: 4}");
+  cfg.compression.backward_phases = "epilogue";
+  cfg.compression.fused_embedding = true;
+  cfg.compression.dp.name = "powersgd";
+  cfg.compression.dp.options = YAML::Load("{rank: 2, warmup_steps: 0}");
+  cfg.compression.dp_stages = "1";
+  cfg.log.lep_orthogonality = true;
+  TrainOptions opt;
+  opt.quiet = true;
+  opt.keep_parameters = true;
+  std::vector<TrainSummary> out(8);
+  testing::run_layout({dims.tp, dims.pp, dims.dp},
+                      [&](int rank, Distributed& dist) { out[rank] = run_training(cfg, opt, dist); });
+  for (int i = 0; i < 4; ++i) {  // ranks 0-3 stage 0, 4-7 stage 1, same (tp, dp) order
+    EXPECT_TRUE(torch::equal(out[i].parameters.at("embedding.weight"), out[4 + i].parameters.at("embedding.weight")))
+        << "tied embedding copies diverged on rank " << i;
+  }
+  try {
+    check_optimus_cc_results(out);
+  } catch (const H5::Exception& e) {
+    FAIL() << "HDF5: " << e.getFuncName() << ": " << e.getDetailMsg();
+  }
+}
+
+void check_optimus_cc_results(const std::vector<TrainSummary>& out) {
+  H5::H5File f(out[0].results_path, H5F_ACC_RDONLY);
+  const auto step = read_column(f, "/traffic/step"), rank = read_column(f, "/traffic/rank");
+  const auto cls = read_column(f, "/traffic/class"), link = read_column(f, "/traffic/link");
+  const auto bytes = read_column(f, "/traffic/bytes");
+  std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> measured;  // (rank, class, link) -> bytes, step 2
+  for (size_t i = 0; i < step.size(); ++i) {
+    if (step[i] == 2) measured[{rank[i], cls[i], link[i]}] += bytes[i];
+  }
+  const int64_t t = 2, d = 2, s = 16, b = 2, h = 32, m = 2, r = 4, V = 64;
+  const int64_t slice = s * b * h / t;                  // elements of one TP slice
+  const int64_t raw = slice * 4, cb = 4 * r * (slice / h + h);  // P̂ [16, 4] + Q [32, 4], fp32
+  const int64_t E = V / t * h;                          // word-embedding elements per TP rank
+  for (int rk = 0; rk < 8; ++rk) {
+    SCOPED_TRACE(rk);
+    const bool first = rk < 4;
+    // Stage 1 sends m gradients; epilogue-only compresses the last min(m, p - 1) = 1 of them.
+    // Thread ranks share one node, so every group's link is intra-node here.
+    const int64_t pp_bwd = first ? m * (t - 1) * raw : (m - 1) * raw + cb;
+    EXPECT_EQ((measured[{rk, 2, 0}]), pp_bwd);
+    // FE: one all-reduce of the word embedding over the 2d = 4 ranks of this TP index.
+    EXPECT_EQ((measured[{rk, 4, 0}]), 2 * (2 * d - 1) * E * 4 / (2 * d));
+    int64_t theta = 0;
+    for (const auto& [name, p] : out[rk].parameters) {
+      if (name != "embedding.weight") theta += p.numel();
+    }
+    if (!first) EXPECT_EQ((measured[{rk, 3, 0}]), 2 * (d - 1) * theta * 4 / d);  // SC: raw on stage 1
+    if (first) EXPECT_LT((measured[{rk, 3, 0}]), 2 * (d - 1) * theta * 4 / d / 2);  // compressed
+  }
+  // Records: per-tensor DP rows (BR-04), the pipeline codec's counts, the Fig. 11 series.
+  const auto codec_rank = read_column(f, "/pipeline_codec/rank");
+  const auto compressed = read_column(f, "/pipeline_codec/backward_compressed");
+  const auto wire = read_column(f, "/pipeline_codec/backward_wire_bytes");
+  for (size_t i = 0; i < codec_rank.size(); ++i) {
+    if (codec_rank[i] >= 4) {
+      EXPECT_EQ(compressed[i], 1);
+      EXPECT_EQ(wire[i], (m - 1) * raw + cb);
+    }
+  }
+  const auto tensor_sent = read_column(f, "/dp_tensors/sent_bytes");
+  const auto tensor_compressed = read_column(f, "/dp_tensors/compressed");
+  EXPECT_FALSE(tensor_sent.empty());
+  EXPECT_GT(std::accumulate(tensor_compressed.begin(), tensor_compressed.end(), int64_t{0}), 0);
+  std::string names;
+  H5::Attribute attr = f.openAttribute("dp_tensor_names");
+  attr.read(attr.getStrType(), names);
+  EXPECT_THAT(names, ::testing::HasSubstr("blocks.0.attn.qkv.weight"));
+  EXPECT_THAT(names, ::testing::Not(::testing::HasSubstr("embedding.weight")));  // FE: not DP-reduced
 }
 
 }  // namespace
