@@ -131,7 +131,8 @@ class OptionReader {
 };
 
 std::unique_ptr<ActCodec> make_lowrank(const YAML::Node& options) {
-  OptionReader o("lowrank", options, {"rank", "view", "hidden", "seq_len", "micro_batch", "seed"});
+  OptionReader o("lowrank", options,
+                 {"rank", "view", "hidden", "seq_len", "micro_batch", "seed", "orthogonalize"});
   MatrixView view;
   const auto kind = o.get<std::string>("view", "token_major");
   if (kind == "token_major") {
@@ -152,7 +153,12 @@ std::unique_ptr<ActCodec> make_lowrank(const YAML::Node& options) {
         "lowrank codec: option 'view' is '{}' (known: token_major, reference)", kind));
   }
   const int64_t rank = o.positive("rank", o.get<int64_t>("rank", 16));
-  return std::make_unique<LowRankCodec>(view, rank, o.get<uint64_t>("seed", 714));
+  const auto orth = o.get<std::string>("orthogonalize", "mgs");
+  if (orth != "mgs" && orth != "qr") {
+    throw std::invalid_argument(fmt::format(
+        "lowrank codec: option 'orthogonalize' is '{}' (known: mgs, qr)", orth));
+  }
+  return std::make_unique<LowRankCodec>(view, rank, o.get<uint64_t>("seed", 714), orth == "qr");
 }
 
 std::unique_ptr<ActCodec> make_topk(const YAML::Node& options) {

@@ -7,7 +7,7 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "compression/orthogonalize.h"  // MGS, shared with the DP PowerSGD reducer
+#include "compression/orthogonalize.h"  // MGS and the fp32 GEMM, shared with the DP PowerSGD reducer
 
 namespace optcc {
 
@@ -46,8 +46,8 @@ std::pair<int64_t, int64_t> MatrixView::shape(int64_t numel) const {
   return {n, numel / n};
 }
 
-LowRankCodec::LowRankCodec(MatrixView view, int64_t rank, uint64_t seed)
-    : view_(view), rank_(rank), gen_(at::detail::createCPUGenerator(seed)) {}
+LowRankCodec::LowRankCodec(MatrixView view, int64_t rank, uint64_t seed, bool qr)
+    : view_(view), rank_(rank), qr_(qr), gen_(at::detail::createCPUGenerator(seed)) {}
 
 int64_t LowRankCodec::rank_for(int64_t numel) const {
   const auto [rows, cols] = view_.shape(numel);
@@ -71,17 +71,30 @@ Payload LowRankCodec::encode_impl(const torch::Tensor& x) {
   } else {
     q = q_.to(x.device()).clone();  // the previous payload keeps its Q untouched
   }
-  orthogonalize_mgs_(q);  // MGS with the 1e-8 guard (spec §2.4)
-  auto p = m.mm(q);  // [rows, r]
-  orthogonalize_mgs_(p);
-  q_ = m.t().mm(p);  // [cols, r], not normalised; sent and kept for the warm start
+  auto orthogonalize = [this](torch::Tensor& t) {
+    if (qr_) {
+      orthogonalize_qr_(t);
+    } else {
+      orthogonalize_mgs_(t);  // MGS with the 1e-8 guard (spec §2.4)
+    }
+  };
+  orthogonalize(q);
+  auto p = torch::empty({rows, r}, m.options());
+  mm_f32_out(p, m, q);  // P = M Q [rows, r]
+  orthogonalize(p);
+  q_ = torch::empty({cols, r}, m.options());
+  mm_f32_out(q_, m.t(), p);  // Q = Mᵀ P̂ [cols, r], not normalised; sent and kept for the warm start
   return {{p, q_}};
 }
 
 torch::Tensor LowRankCodec::decode(const Payload& p, int64_t numel) const {
   check_payload(p, numel);
   torch::NoGradGuard no_grad;
-  return p.parts[0].mm(p.parts[1].t()).view({numel});
+  const auto& factor_p = p.parts[0];  // [rows, r]
+  const auto& factor_q = p.parts[1];  // [cols, r]
+  auto out = torch::empty({factor_p.size(0), factor_q.size(0)}, factor_p.options());
+  mm_f32_out(out, factor_p, factor_q.t());
+  return out.view({numel});
 }
 
 void LowRankCodec::save(torch::serialize::OutputArchive& archive) const {

@@ -15,6 +15,9 @@
 //              seq_len, micro_batch   ints, required for reference (micro_batch % 8 == 0).
 //              seed        int, default 714: seeds the codec's own CPU generator (never the
 //                          global one, spec §10 item 7) that draws the initial Q.
+//              orthogonalize  mgs (default: the reference's MGS with the 1e-8 guard) | qr
+//                          (Householder; same span, and it keeps P̂ orthonormal when M is
+//                          ill-conditioned or of rank below r, where MGS loses orthogonality).
 //            Parts: P̂ [rows, r] fp32, Q [cols, r] fp32; 4·r·(rows+cols) bytes.
 //   int8     Per-row asymmetric quantisation of the [numel/hidden, hidden] view. Option: hidden
 //            (required). q = round((x − min_row)/scale_row), scale_row = (max_row − min_row)/255.
@@ -60,7 +63,8 @@ struct MatrixView {
 
 class LowRankCodec : public ActCodec {
  public:
-  LowRankCodec(MatrixView view, int64_t rank, uint64_t seed);
+  /// `qr`: orthonormalise with Householder QR instead of MGS (option `orthogonalize: qr`).
+  LowRankCodec(MatrixView view, int64_t rank, uint64_t seed, bool qr = false);
   std::string name() const override { return "lowrank"; }
   std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const override;
   torch::ScalarType wire_dtype() const override { return torch::kFloat; }
@@ -78,6 +82,7 @@ class LowRankCodec : public ActCodec {
  private:
   MatrixView view_;
   int64_t rank_;
+  bool qr_ = false;
   at::Generator gen_;  // CPU, seeded once; draws Q only when it is (re)initialised
   torch::Tensor q_;    // [cols, r] fp32, on the device of the last x
 };

@@ -60,6 +60,11 @@ class GradReducer {
   virtual void save(torch::serialize::OutputArchive& archive) const {}
   virtual void load(torch::serialize::InputArchive& archive) {}
 
+  /// Bytes of persistent state (Fig. 12 components): error-feedback buffers, and low-rank factors
+  /// kept across calls (PowerSGD's warm-start Q). 0 for stateless reducers.
+  virtual int64_t error_feedback_bytes() const { return 0; }
+  virtual int64_t factor_bytes() const { return 0; }
+
   /// The traffic class of its collectives: kDataParallel unless set (kEmbedding when the reducer
   /// compresses the tied-embedding synchronisation). Set before the first reduce().
   void set_traffic_class(Traffic cls) { traffic_ = cls; }

@@ -1,10 +1,103 @@
 #include "compression/orthogonalize.h"
 
-namespace optcc {
+#include <dlfcn.h>
 
-void orthogonalize_mgs_(torch::Tensor& m, double eps) {
-  TORCH_CHECK(m.dim() == 2 && m.scalar_type() == torch::kFloat, "orthogonalize_mgs_: needs a 2-D fp32 tensor");
-  torch::NoGradGuard no_grad;
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace optcc {
+namespace {
+
+// The hot loops below are compiled once per x86-64 level and picked at load time (ifunc), since
+// the library itself is built for the baseline ISA. Dot products accumulate exact products in
+// double (no rounding depends on the clone); the fp32 update y −= c·x is one FMA on v3 and v4, so
+// results agree bit for bit on x86-64-v3 and newer (the baseline clone rounds the product first).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define OPTCC_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define OPTCC_SIMD_CLONES
+#endif
+
+constexpr int kLanes = 16;
+
+/// Σ a[i]·b[i] over n floats, in double, as kLanes interleaved partial sums added in a fixed order.
+/// (Fixed-size inner loops: GCC -O2 vectorises those, not loops with a run-time trip count.)
+OPTCC_SIMD_CLONES double dot_f64(const float* __restrict a, const float* __restrict b, int64_t n) {
+  double acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) acc[l] += static_cast<double>(a[i + l]) * static_cast<double>(b[i + l]);
+  }
+  for (int l = 0; i < n; ++i, ++l) acc[l] += static_cast<double>(a[i]) * static_cast<double>(b[i]);
+  for (int w = kLanes / 2; w > 0; w /= 2) {
+    for (int l = 0; l < w; ++l) acc[l] += acc[l + w];
+  }
+  return acc[0];
+}
+
+/// y[i] −= c·x[i] in fp32 (one FMA on x86-64-v3 and newer).
+OPTCC_SIMD_CLONES void sub_scaled(float* __restrict y, const float* __restrict x, float c, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) y[i + l] -= c * x[i + l];
+  }
+  for (; i < n; ++i) y[i] -= c * x[i];
+}
+
+OPTCC_SIMD_CLONES void divide(float* __restrict y, float d, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int l = 0; l < kLanes; ++l) y[i + l] /= d;
+  }
+  for (; i < n; ++i) y[i] /= d;
+}
+
+/// MGS on w: `cols` columns of `rows` floats, column k at w + k·ld (column-major).
+void mgs_colmajor(float* w, int64_t rows, int64_t cols, int64_t ld, float eps) {
+  for (int64_t j = 0; j < cols; ++j) {
+    float* col = w + j * ld;
+    const float norm = static_cast<float>(std::sqrt(dot_f64(col, col, rows)));
+    if (!(norm > 0)) continue;  // zero (or NaN) norm: column left as is, nothing projected out
+    divide(col, norm + eps, rows);
+    for (int64_t k = j + 1; k < cols; ++k) {
+      float* other = w + k * ld;
+      sub_scaled(other, col, static_cast<float>(dot_f64(col, other, rows)), rows);
+    }
+  }
+}
+
+void mgs_cpu(torch::Tensor& m, double eps) {
+  auto c = m.contiguous();  // [rows, cols] row-major
+  const int64_t rows = c.size(0), cols = c.size(1);
+  if (rows == 0 || cols == 0) return;
+  // Column-major copy. The column stride is padded off multiples of 4 KiB: with rows·4 bytes a
+  // multiple of 4 KiB, the columns of one row would all fall into the same L1 set.
+  const int64_t ld = (rows + kLanes - 1) / kLanes * kLanes + kLanes;
+  thread_local std::vector<float> work;
+  work.resize(static_cast<size_t>(ld * cols));
+  float* w = work.data();
+  float* p = c.data_ptr<float>();
+  for (int64_t i0 = 0; i0 < rows; i0 += kLanes) {  // blocks of kLanes rows
+    const int64_t n = std::min<int64_t>(kLanes, rows - i0);
+    for (int64_t j = 0; j < cols; ++j) {
+      for (int64_t i = i0; i < i0 + n; ++i) w[j * ld + i] = p[i * cols + j];
+    }
+  }
+  mgs_colmajor(w, rows, cols, ld, static_cast<float>(eps));
+  for (int64_t i0 = 0; i0 < rows; i0 += kLanes) {
+    const int64_t n = std::min<int64_t>(kLanes, rows - i0);
+    for (int64_t i = i0; i < i0 + n; ++i) {
+      for (int64_t j = 0; j < cols; ++j) p[i * cols + j] = w[j * ld + i];
+    }
+  }
+  if (!c.is_same(m)) m.copy_(c);
+}
+
+void mgs_tensor_ops(torch::Tensor& m, double eps) {
   const int64_t cols = m.size(1);
   for (int64_t j = 0; j < cols; ++j) {
     auto col = m.select(1, j);  // [rows] view
@@ -18,6 +111,57 @@ void orthogonalize_mgs_(torch::Tensor& m, double eps) {
   }
 }
 
+// --- GEMM ------------------------------------------------------------------------------------
+
+// oneDNN's C API (dnnl.h), row-major: C := alpha·op(A)·op(B) + beta·C; returns dnnl_success (0).
+using DnnlSgemm = int (*)(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha,
+                          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+                          int64_t ldc);
+
+DnnlSgemm dnnl_sgemm_fn() {
+  static const DnnlSgemm fn = []() -> DnnlSgemm {
+    const char* env = std::getenv("OPTCC_LOWRANK_GEMM");
+    if (env != nullptr && std::strcmp(env, "aten") == 0) return nullptr;
+    return reinterpret_cast<DnnlSgemm>(dlsym(RTLD_DEFAULT, "dnnl_sgemm"));
+  }();
+  return fn;
+}
+
+/// Row-major description of a 2-D operand [r, c]: 'N' with ld = stride(0), or 'T' (it is the
+/// transpose of a row-major [c, r]) with ld = stride(1); 0 when neither fits.
+char layout(const torch::Tensor& t, int64_t& ld) {
+  const int64_t r = t.size(0), c = t.size(1);
+  if (t.stride(1) == 1 && t.stride(0) >= std::max<int64_t>(1, c)) {
+    ld = t.stride(0);
+    return 'N';
+  }
+  if (t.stride(0) == 1 && t.stride(1) >= std::max<int64_t>(1, r)) {
+    ld = t.stride(1);
+    return 'T';
+  }
+  return 0;
+}
+
+void aten_mm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, float alpha, float beta) {
+  if (alpha == 1.0f && beta == 0.0f) {
+    at::mm_out(out, a, b);
+  } else {
+    out.addmm_(a, b, beta, alpha);
+  }
+}
+
+}  // namespace
+
+void orthogonalize_mgs_(torch::Tensor& m, double eps) {
+  TORCH_CHECK(m.dim() == 2 && m.scalar_type() == torch::kFloat, "orthogonalize_mgs_: needs a 2-D fp32 tensor");
+  torch::NoGradGuard no_grad;
+  if (m.is_cpu()) {
+    mgs_cpu(m, eps);
+  } else {
+    mgs_tensor_ops(m, eps);
+  }
+}
+
 void orthogonalize_qr_(torch::Tensor& m) {
   TORCH_CHECK(m.dim() == 2 && m.scalar_type() == torch::kFloat, "orthogonalize_qr_: needs a 2-D fp32 tensor");
   torch::NoGradGuard no_grad;
@@ -27,6 +171,36 @@ void orthogonalize_qr_(torch::Tensor& m) {
   auto keep = (r.diagonal().abs() > 0).to(torch::kFloat);  // [k] zero-norm directions -> 0
   out.narrow(1, 0, k).copy_(q * keep.unsqueeze(0));
   m.copy_(out);
+}
+
+void mm_f32_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, float alpha, float beta) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2 && a.size(1) == b.size(0) &&
+                  out.size(0) == a.size(0) && out.size(1) == b.size(1),
+              "mm_f32_out: shapes ", a.sizes(), " x ", b.sizes(), " -> ", out.sizes());
+  TORCH_CHECK(a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat &&
+                  out.scalar_type() == torch::kFloat,
+              "mm_f32_out: needs fp32 tensors");
+  torch::NoGradGuard no_grad;
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  const DnnlSgemm sgemm = dnnl_sgemm_fn();
+  if (sgemm == nullptr || !a.is_cpu() || !b.is_cpu() || !out.is_cpu() || m == 0 || n == 0 || k == 0) {
+    aten_mm(out, a, b, alpha, beta);
+    return;
+  }
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  const torch::Tensor ac = layout(a, lda) ? a : a.contiguous();
+  const torch::Tensor bc = layout(b, ldb) ? b : b.contiguous();
+  const char ta = layout(ac, lda), tb = layout(bc, ldb);
+  const bool direct = layout(out, ldc) == 'N';
+  torch::Tensor c = direct ? out : (beta == 0.0f ? torch::empty({m, n}, out.options()) : out.contiguous());
+  if (!direct) ldc = n;
+  const int status = sgemm(ta, tb, m, n, k, alpha, ac.data_ptr<float>(), lda, bc.data_ptr<float>(), ldb, beta,
+                           c.data_ptr<float>(), ldc);
+  if (status != 0) {  // not expected; oneDNN rejected the call: let ATen do it
+    aten_mm(out, a, b, alpha, beta);
+    return;
+  }
+  if (!direct) out.copy_(c);
 }
 
 }  // namespace optcc

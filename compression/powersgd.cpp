@@ -106,8 +106,6 @@ void PowerSgdReducer::orthogonalize(torch::Tensor& m) const {
 torch::Tensor PowerSgdReducer::prepare_q(size_t i, int64_t cols, int64_t r) {
   torch::Tensor q;
   if (q_[i].defined()) {
-    TORCH_CHECK(q_[i].size(0) == cols && q_[i].size(1) == r, "powersgd: Q of tensor ", i, " has shape ",
-                q_[i].sizes(), ", expected [", cols, ", ", r, "] (did the gradient list change?)");
     q = q_[i].clone();
   } else {
     q = torch::randn({cols, r}, gen_, torch::kFloat);  // randn locks the generator itself
@@ -116,6 +114,25 @@ torch::Tensor PowerSgdReducer::prepare_q(size_t i, int64_t cols, int64_t r) {
   return q;
 }
 
+void PowerSgdReducer::check_q_shapes(const Plan& p) const {
+  for (size_t k = 0; k < p.low.size(); ++k) {
+    const size_t i = p.low[k];
+    if (!q_[i].defined()) continue;
+    TORCH_CHECK(q_[i].size(0) == p.cols[k] && q_[i].size(1) == p.r[k], "powersgd: Q of tensor ", i, " has shape ",
+                q_[i].sizes(), ", expected [", p.cols[k], ", ", p.r[k], "] (did the gradient list change?)");
+  }
+}
+
+// Where the passes over M go (per compressed tensor, fp32 gradient, EF on, averaged residual):
+//   EF_i += grad_i                  EF_i now holds M_i (no separate M buffer, nothing allocated)
+//   P_i := M_i Q_i                  GEMM into the packed P buffer
+//   Q_i := M_iᵀ P̂_i                GEMM into the packed Q buffer
+//   grad_i := P̂_i Q_iᵀ             GEMM straight into the gradient
+//   EF_i −= grad_i                  EF_i = M_i − out_i
+// Local residual: EF_i −= P̂_i Q_i,localᵀ (one GEMM with beta = 1) right after Q_i. EF off: M_i is
+// the gradient itself (fp32) or one fp32 copy of it. Non-fp32 gradients go through fp32 copies.
+// EF_i holds M_i between the first and the last pass: a collective that throws in between (a dead
+// peer, which ends the run) leaves EF_i = M_i, not the old residual.
 void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) {
   torch::NoGradGuard no_grad;
   ensure_state(grads.size());
@@ -128,9 +145,21 @@ void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp
   }
   begin_records(grads);
   if (grads.empty()) return;
-  // 1. Non-finite on any rank -> all ranks skip, before anything is modified (BR-01).
-  auto bad = torch::zeros({1}, grads[0].options().dtype(torch::kFloat));
-  for (const auto& g : grads) bad = torch::maximum(bad, torch::logical_not(torch::isfinite(g)).any().to(torch::kFloat).reshape({1}));
+  // 1. Non-finite on any rank -> all ranks skip, before anything is modified (BR-01). fp32/fp64:
+  // one read of each gradient (its min and max are NaN if any entry is NaN, ±inf if any is ±inf);
+  // 16-bit (no aminmax kernel on CPU): isfinite. No host sync before the all-reduce.
+  std::vector<torch::Tensor> finite;  // per non-empty gradient, a 0-d bool
+  for (const auto& g : grads) {
+    if (g.numel() == 0) continue;
+    if (g.scalar_type() == torch::kFloat || g.scalar_type() == torch::kDouble) {
+      auto [lo, hi] = at::aminmax(g);
+      finite.push_back(torch::logical_and(torch::isfinite(lo), torch::isfinite(hi)));
+    } else {
+      finite.push_back(torch::isfinite(g).all());
+    }
+  }
+  auto bad = finite.empty() ? torch::zeros({1}, grads[0].options().dtype(torch::kFloat))
+                            : torch::logical_not(torch::stack(finite).all()).to(torch::kFloat).reshape({1});
   dp.all_reduce(bad, Traffic::kControl, /*max=*/true);
   if (bad.item<float>() > 0) {
     throw NonFiniteGradients(fmt::format("powersgd: non-finite gradient on some rank of {} (step {}); "
@@ -139,6 +168,7 @@ void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp
   }
   // 2.–4. Classify, compensate, draw/reuse Q, P := M Q.
   const Plan p = plan(grads);
+  check_q_shapes(p);  // before any state changes
   const auto fopt = grads[0].options().dtype(torch::kFloat);
   auto p_all = torch::empty({p.p_numel}, fopt);  // [Σ rows·r] fp32
   auto q_all = torch::empty({p.q_numel}, fopt);  // [Σ cols·r] fp32
@@ -146,25 +176,32 @@ void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp
   int64_t po = 0, qo = 0;
   for (size_t k = 0; k < p.low.size(); ++k) {
     const size_t i = p.low[k];
-    auto m = grads[i].reshape({p.rows[k], p.cols[k]}).to(torch::kFloat, false, /*copy=*/true);
+    const auto g = grads[i].reshape({p.rows[k], p.cols[k]});
+    torch::Tensor m;
     if (opt_.error_feedback) {
-      if (!ef_[i].defined()) ef_[i] = torch::zeros_like(m);
-      m.add_(ef_[i]);
+      if (!ef_[i].defined()) {
+        ef_[i] = g.to(torch::kFloat, false, /*copy=*/true).contiguous();  // M = grad + 0
+      } else {
+        ef_[i].add_(g);
+      }
+      m = ef_[i];
+    } else {
+      m = g.scalar_type() == torch::kFloat && g.is_contiguous() ? g : g.to(torch::kFloat, false, true).contiguous();
     }
     ps.push_back(p_all.narrow(0, po, p.rows[k] * p.r[k]).view({p.rows[k], p.r[k]}));
     qs.push_back(q_all.narrow(0, qo, p.cols[k] * p.r[k]).view({p.cols[k], p.r[k]}));
     po += p.rows[k] * p.r[k], qo += p.cols[k] * p.r[k];
-    torch::matmul_out(ps[k], m, prepare_q(i, p.cols[k], p.r[k]).to(m.device()));
+    mm_f32_out(ps[k], m, prepare_q(i, p.cols[k], p.r[k]).to(m.device()));
     ms.push_back(std::move(m));
   }
   // 5. One all-reduce (sum) for every P.
-  if (p.p_numel > 0) dp.all_reduce(p_all, Traffic::kDataParallel);
+  if (p.p_numel > 0) dp.all_reduce(p_all, traffic_class());
   // 6. Raw tensors: one flat fp32 all-reduce, ÷ dp.
   if (!p.raw.empty()) {
     std::vector<torch::Tensor> raw;
     for (size_t i : p.raw) raw.push_back(grads[i]);
     auto buf = flatten_fp32(raw);  // [Σ numel] fp32
-    dp.all_reduce(buf, Traffic::kDataParallel);
+    dp.all_reduce(buf, traffic_class());
     buf.div_(dp.size());
     unflatten_into(buf, raw);
     for (size_t i : p.raw) records_[i].sent_bytes = grads[i].numel() * 4;
@@ -172,18 +209,23 @@ void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp
   // 7. P̂ := orth(P); Q := Mᵀ P̂; (local EF); one all-reduce for every Q, ÷ dp; out := P̂ Qᵀ.
   for (size_t k = 0; k < p.low.size(); ++k) {
     orthogonalize(ps[k]);
-    torch::matmul_out(qs[k], ms[k].t(), ps[k]);
-    if (opt_.error_feedback && opt_.ef_residual == "local") ef_[p.low[k]] = ms[k] - torch::matmul(ps[k], qs[k].t());
+    mm_f32_out(qs[k], ms[k].t(), ps[k]);
+    if (opt_.error_feedback && opt_.ef_residual == "local") {
+      mm_f32_out(ef_[p.low[k]], ps[k], qs[k].t(), -1.0f, 1.0f);  // EF = M − P̂ Q_localᵀ, in place
+    }
   }
   if (p.q_numel > 0) {
-    dp.all_reduce(q_all, Traffic::kDataParallel);
+    dp.all_reduce(q_all, traffic_class());
     q_all.div_(dp.size());
   }
   for (size_t k = 0; k < p.low.size(); ++k) {
     const size_t i = p.low[k];
-    auto out = torch::matmul(ps[k], qs[k].t());  // [rows, cols] fp32 ≈ DP mean
-    if (opt_.error_feedback && opt_.ef_residual == "averaged") ef_[i] = ms[k] - out;
-    grads[i].copy_(out.view_as(grads[i]));
+    const bool direct = grads[i].scalar_type() == torch::kFloat && grads[i].is_contiguous();
+    auto out = direct ? grads[i].view({p.rows[k], p.cols[k]})   // written in place
+                      : torch::empty({p.rows[k], p.cols[k]}, fopt);  // [rows, cols] fp32 ≈ DP mean
+    mm_f32_out(out, ps[k], qs[k].t());
+    if (opt_.error_feedback && opt_.ef_residual == "averaged") ef_[i].sub_(out);  // EF = M − out
+    if (!direct) grads[i].copy_(out.view_as(grads[i]));
     q_[i] = opt_.warm_start ? qs[k].clone() : torch::Tensor();
     records_[i].compressed = true;
     records_[i].rank = p.r[k];

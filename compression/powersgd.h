@@ -57,6 +57,8 @@ class PowerSgdReducer : public GradReducer {
   torch::Tensor error(size_t i) const { return i < ef_.size() ? ef_[i] : torch::Tensor(); }
   /// Q of tensor i [cols, r_eff] fp32 as left by the last call (DP-averaged, not orthonormal).
   torch::Tensor q(size_t i) const { return i < q_.size() ? q_[i] : torch::Tensor(); }
+  int64_t error_feedback_bytes() const override { return state_bytes(ef_); }
+  int64_t factor_bytes() const override { return state_bytes(q_); }
   /// Test hook: use `q` [cols, r_eff] as tensor i's Q on its next compressed call (before the
   /// re-orthonormalisation of step 4).
   void set_q(size_t i, torch::Tensor q);
@@ -66,7 +68,13 @@ class PowerSgdReducer : public GradReducer {
   Plan plan(const std::vector<torch::Tensor>& grads) const;
   void ensure_state(size_t n);
   torch::Tensor prepare_q(size_t i, int64_t cols, int64_t r);
+  void check_q_shapes(const Plan& p) const;  // warm-start Q of every compressed tensor fits
   void orthogonalize(torch::Tensor& m) const;
+  static int64_t state_bytes(const std::vector<torch::Tensor>& ts) {
+    int64_t n = 0;
+    for (const auto& t : ts) n += t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+    return n;
+  }
 
   PowerSgdOptions opt_;
   std::vector<torch::Tensor> ef_;  // per tensor [rows, cols] fp32 (compressed ones only)

@@ -52,6 +52,12 @@ class ElementwiseReducer : public GradReducer {
   /// Residual of tensor i, flat [N] fp32; undefined if it never was compressed with EF.
   torch::Tensor error(size_t i) const { return i < ef_.size() ? ef_[i] : torch::Tensor(); }
 
+  int64_t error_feedback_bytes() const override {
+    int64_t n = 0;
+    for (const auto& e : ef_) n += e.defined() ? e.numel() * static_cast<int64_t>(e.element_size()) : 0;
+    return n;
+  }
+
   /// Payload bytes of one compressed tensor of `numel` elements (the per-tensor formula).
   virtual int64_t compressed_bytes(int64_t numel) const = 0;
 

@@ -1,166 +1,505 @@
-// bench_compression: single-thread CPU cost of optcc's compressors (Google Benchmark).
+// bench_compression: single-thread CPU cost of every optcc compressor (Google Benchmark).
 //
-// What it measures (at::set_num_threads(1), fp32, random input from a fixed seed):
-//   BM_MemoryBandwidth   copy_ of a 256 MiB fp32 tensor; bytes = 2 × 256 MiB per iteration (read +
-//                        write). Registered first: its GB/s is kept and later benchmarks report
-//                        bw_fraction = (their minimum bytes touched per second) / that bandwidth.
-//   BM_LowRankEncode     the CB codec (`lowrank`, token_major view, hidden = cols) on the Fig. 14
-//   BM_LowRankDecode     slice shapes 1024×1920, 1024×3072, 2048×12288, ranks 8..40 (Args: rows,
-//                        cols, rank). One warm-up encode first (warm-start Q). bytes_per_second is
-//                        GB/s of slice (rows·cols·4 per iteration). Counters: ratio = rows·cols /
-//                        (r·(rows+cols)); bw_fraction with minimum traffic encode 2·rows·cols·4
-//                        (M read for MQ and MᵀP), decode rows·cols·4 (the output written).
-//   BM_PowerSgdReduce    PowerSgdReducer (rank 16, error feedback on, warm start) on one worker (a
-//                        Communicator of size 1: compresses, no communication), one matrix per
-//                        call, same shapes. bytes_per_second = GB/s of gradient; bw_fraction with
-//                        minimum traffic 4·rows·cols·4 (EF add, MQ, MᵀP, reconstruction).
+// Setup: one thread everywhere (LibTorch intra-op and OpenMP, OpenBLAS's own pool, oneDNN),
+// fp32, inputs from a fixed seed (randn). Times are the main thread's CPU time (Google
+// Benchmark's default; every computation runs on that thread), so a busy machine inflates them
+// less than wall time; on an idle machine they are equal. main() warns when other threads burn
+// CPU.
+//
+// Families (names are `kind/compressor/op/set/shape[/param][/r<rank>]`, for --benchmark_filter):
+//   membw/copy_256MiB                 copy_ of a 256 MiB fp32 tensor (read + write: 512 MiB per
+//                                     iteration), reported for the record.
+//   codec/<name>/{encode,decode}/fig14/<rows>x<cols>[/r<r>]
+//                                     every point-to-point codec of act_codec_names() on the
+//                                     Fig. 14 slice shapes (spec §8.3: 1024×1920, 1024×3072,
+//                                     2048×12288 = tokens × hidden per TP rank). lowrank at
+//                                     r = 8, 16, 24, 32, 40 (token_major view, hidden = cols);
+//                                     the others at their defaults (int8/int4: hidden = cols;
+//                                     topk: fraction 0.01). One warm-up encode first (lowrank:
+//                                     warm-start Q). decode gets a payload of that input.
+//   codec/<name>/{encode,decode}/<preset>/<param>/<rows>x<cols>[/r16]
+//                                     the same codecs on the weight shapes of the tiny, mini and
+//                                     small presets (models/presets.cpp), hidden = cols: qkv
+//                                     3h×h, proj h×h, fc1 4h×h, fc2 h×4h, embedding V×h with V =
+//                                     8064 (the 8k tokenizer padded to a multiple of 128).
+//   reducer/<name>/reduce/fig14/<rows>x<cols>[/r<r>]
+//   reducer/<name>/reduce/<preset>/layer
+//   reducer/<name>/reduce/<preset>/embedding/<V>x<h>
+//                                     every DP GradReducer of the registry filled by
+//                                     register_builtin_grad_reducers() (names() at start-up, so
+//                                     new reducers are picked up), on a Communicator of ONE rank
+//                                     (compressing reducers still compress; none/fp16/bf16
+//                                     return at once). powersgd: rank r (8..40 on Fig. 14, 16
+//                                     on the presets), other options default; every other
+//                                     reducer: its defaults. fig14: one matrix; layer: one
+//                                     transformer layer's 12 gradients in parameter order
+//                                     (ln1 w,b; qkv W [3h,h], b; proj W [h,h], b; ln2 w,b; fc1 W
+//                                     [4h,h], b; fc2 W [h,4h], b); embedding: V×h alone. One
+//                                     warm-up call (EF and Q allocated); each timed call gets a
+//                                     fresh copy of the same gradients (copy not timed; skipped
+//                                     when the warm-up left them unchanged: identity reducers).
+//
+// Counters:
+//   bytes_per_second  input bytes (message or gradients, fp32) per second: "GB/s of slice".
+//   ratio             codecs: 4·numel / payload_bytes(numel); reducers: raw_bytes / payload_bytes
+//                     of the last call (0 when nothing is sent: none/fp16/bf16 on one rank).
+//   touch_MB          the bytes the compressor must move per call (model below), in MB.
+//   bw_fraction       (touch bytes / time) / B, with B this machine's memory bandwidth measured
+//                     in main() before any benchmark (median of 9 copies of 256 MiB, read +
+//                     write bytes, same CPU clock): the fraction of the bandwidth bound reached.
+//                     0 where the model is 0 bytes. Shapes that fit in the 32 MiB L3 can exceed 1
+//                     (the bound is DRAM bandwidth).
+//   GFLOPs            lowrank and powersgd: GEMM flop rate (encode 4·N·r, decode 2·N·r, PowerSGD
+//                     6·N·r per compressed matrix). A GEMM pass over M does 2r flop per 4-byte
+//                     element: at r = 16, 8 flop/B, above this machine's balance (context:
+//                     sgemm_1024_GFLOPs / memory_bandwidth_GBps, about 5). So lowrank encode (2
+//                     such passes, 8 bytes of traffic per element) is compute bound: its
+//                     bw_fraction cannot exceed balance / 8 even at the GEMM's peak; so is
+//                     decode (32 flop per 4 bytes written). PowerSGD (96 flop per 28 bytes)
+//                     is below the balance, but its GEMM passes and element-wise passes run one
+//                     after the other, so its time is about the sum of both.
+//
+// "Bytes a compressor must touch": a lower bound on DRAM traffic for ANY implementation of its
+// algorithm, per element of the fp32 input (N elements; payload factors of size r·(rows+cols)
+// are small and ignored). A pass that must finish before the next one can start (a global
+// reduction, a GEMM whose result the next step needs) forces another read.
+//   codecs               encode                       decode
+//     none               0 (the part aliases x)       0 (returns the part)
+//     fp16, bf16         4 read + 2 write = 6         2 + 4 = 6
+//     lowrank            8: M read for P = M·Q and    4: M̂ = P̂·Qᵀ written
+//                        again for Q = Mᵀ·P̂ (after
+//                        orthogonalising P)
+//     int8               4 + 1 = 5 (per-row min/max   1 + 4 = 5
+//                        and quantisation: a row is
+//                        short enough to stay cached)
+//     int4               4 + 0.5 = 4.5                0.5 + 4 = 4.5
+//     topk (fraction f)  4 + 12f (values + int64)     12f + 4
+//     other codecs       4 (read x)                   4 (write the result)
+//   reducers (one rank; per element of a compressed fp32 gradient, default options)
+//     powersgd (EF)  28 = 7 passes × 4: M = g + EF (read g, read EF, write M into EF), P = M·Q
+//                    (read M), Q = Mᵀ·P̂ after orthogonalising P (read M), then out = P̂·Qᵀ and
+//                    EF = M − out in one pass (read M, write g, write EF). Without EF: 12.
+//     topk (EF)      24: c = g + EF (3), the k-th largest |c| (needs all of c) then out and
+//                    EF = c − out (read c, write g, write EF: 3).
+//     randomk (EF)   16: indices come from the seed, so one pass: read g, EF; write g, EF.
+//     qsgd (no EF)   8: per bucket (cached): read g, write g.
+//     signsgd (EF)   24: as topk (the per-tensor scale mean|c| needs all of c first).
+//     none, fp16, bf16  0: identity on one rank.
+//     other reducers 8: read and write the gradient once.
+//   Tensors a compressing reducer sends raw (biases, norms): 8 (read, write after ÷ dp).
 //
 // Run (from the repository root, after building the bench_compression target):
 //   mkdir -p results/bench
-//   ./build/tests/bench/bench_compression --benchmark_min_time=0.2 --benchmark_out=results/bench/compression.json --benchmark_out_format=json
-// The JSON goes wherever --benchmark_out points; by convention results/bench/compression.json.
-// bw_fraction depends on BM_MemoryBandwidth having run first in the same process (it is 0
-// otherwise, e.g. under a --benchmark_filter that excludes it).
+//   ./build/tests/bench/bench_compression --benchmark_out=results/bench/compression.json --benchmark_out_format=json
+// Each benchmark runs for --benchmark_min_time seconds (default here 0.1 unless given; the
+// whole set takes about 2 minutes on 2 cores). Subsets: --benchmark_filter='fig14' (paper
+// shapes), --benchmark_filter='membw|fig14/[0-9x]+(/r16)?$' (r = 16 and the defaults on Fig. 14),
+// --benchmark_filter='reducer/' (DP reducers). The JSON goes wherever --benchmark_out points;
+// by convention results/bench/compression.json; its context holds memory_bandwidth_GBps.
 
 #include <benchmark/benchmark.h>
+#include <dlfcn.h>
+#include <fmt/format.h>
 #include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
-#include "compression/codecs.h"
-#include "compression/powersgd.h"
+#include "compression/act_codec.h"
+#include "compression/grad_reducer.h"
+#include "compression/orthogonalize.h"
+#include "compression/registry.h"
 #include "harness/communicator.h"
+#include "models/presets.h"
 
 namespace {
 
-double g_bandwidth_bytes_per_s = 0.0;  // set by BM_MemoryBandwidth
+double g_bandwidth_bytes_per_s = 0.0;  // set in main() before any benchmark
 
-torch::Tensor random_matrix(int64_t rows, int64_t cols) {
-  auto gen = at::detail::createCPUGenerator(1234);
-  return torch::randn({rows, cols}, gen, torch::kFloat);
+constexpr int64_t kPaddedVocab = 8064;  // 8000-token tokenizer padded to a multiple of 128
+const std::vector<std::pair<int64_t, int64_t>> kFig14 = {{1024, 1920}, {1024, 3072}, {2048, 12288}};
+const std::vector<int64_t> kFig14Ranks = {8, 16, 24, 32, 40};
+const std::vector<std::string> kPresets = {"tiny", "mini", "small"};
+
+double process_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-void set_common_counters(benchmark::State& state, int64_t rows, int64_t cols, int64_t r,
-                         double min_bytes_per_iter) {
-  const double elems = static_cast<double>(rows) * static_cast<double>(cols);
-  state.SetBytesProcessed(state.iterations() * rows * cols * 4);
-  state.counters["ratio"] = elems / (static_cast<double>(r) * static_cast<double>(rows + cols));
-  // kIsRate divides by the elapsed time: (min bytes touched per second) / measured bandwidth.
-  const double total_min_bytes = min_bytes_per_iter * static_cast<double>(state.iterations());
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+/// randn [rows, cols] fp32 from a fixed seed, generated once per shape (read-only: callers copy).
+const torch::Tensor& random_matrix(int64_t rows, int64_t cols) {
+  static std::map<std::pair<int64_t, int64_t>, torch::Tensor> cache;
+  auto& t = cache[{rows, cols}];
+  if (!t.defined()) {
+    auto gen = at::detail::createCPUGenerator(1234);
+    t = torch::randn({rows, cols}, gen, torch::kFloat);
+  }
+  return t;
+}
+
+std::string shape_name(int64_t rows, int64_t cols) { return fmt::format("{}x{}", rows, cols); }
+
+void set_counters(benchmark::State& state, double input_bytes, double touch_bytes, double ratio,
+                  double flops = 0.0) {
+  const auto iters = static_cast<double>(state.iterations());
+  state.SetBytesProcessed(static_cast<int64_t>(input_bytes * iters));
+  state.counters["ratio"] = ratio;
+  if (flops > 0) state.counters["GFLOPs"] = benchmark::Counter(flops * iters / 1e9, benchmark::Counter::kIsRate);
+  state.counters["touch_MB"] = touch_bytes / 1e6;
+  // kIsRate divides by the measured time: (touch bytes per second) / bandwidth.
   state.counters["bw_fraction"] = benchmark::Counter(
-      g_bandwidth_bytes_per_s > 0 ? total_min_bytes / g_bandwidth_bytes_per_s : 0.0,
+      g_bandwidth_bytes_per_s > 0 ? touch_bytes * iters / g_bandwidth_bytes_per_s : 0.0,
       benchmark::Counter::kIsRate);
 }
 
-void BM_MemoryBandwidth(benchmark::State& state) {
+// --- memory bandwidth ---------------------------------------------------------------------------
+
+constexpr int64_t kCopyFloats = 256LL * 1024 * 1024 / 4;
+
+/// Median over `reps` copies of 256 MiB of (read + write bytes) / CPU seconds.
+double measure_bandwidth(int reps) {
   torch::NoGradGuard no_grad;
-  const int64_t n = 256LL * 1024 * 1024 / 4;
-  auto src = torch::rand({n}, torch::kFloat);
-  auto dst = torch::empty({n}, torch::kFloat);
+  auto src = torch::rand({kCopyFloats}, torch::kFloat);
+  auto dst = torch::empty({kCopyFloats}, torch::kFloat);
   dst.copy_(src);  // fault pages in
-  const int64_t bytes = n * 4;
-  double seconds = 0.0;
-  for (auto _ : state) {
-    auto t0 = std::chrono::steady_clock::now();
+  std::vector<double> rates;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = thread_cpu_seconds();
     dst.copy_(src);
-    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    rates.push_back(2.0 * kCopyFloats * 4 / (thread_cpu_seconds() - t0));
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
+}
+
+void bm_copy(benchmark::State& state) {
+  torch::NoGradGuard no_grad;
+  auto src = torch::rand({kCopyFloats}, torch::kFloat);
+  auto dst = torch::empty({kCopyFloats}, torch::kFloat);
+  dst.copy_(src);
+  for (auto _ : state) {
+    dst.copy_(src);
     benchmark::DoNotOptimize(dst.data_ptr());
     benchmark::ClobberMemory();
   }
-  state.SetBytesProcessed(state.iterations() * 2 * bytes);
-  if (seconds > 0) g_bandwidth_bytes_per_s = 2.0 * bytes * state.iterations() / seconds;
-  state.counters["GBps"] = g_bandwidth_bytes_per_s / 1e9;
+  state.SetBytesProcessed(state.iterations() * 2 * kCopyFloats * 4);
+  state.counters["bw_fraction"] = benchmark::Counter(
+      g_bandwidth_bytes_per_s > 0 ? 2.0 * kCopyFloats * 4 * static_cast<double>(state.iterations()) /
+                                        g_bandwidth_bytes_per_s
+                                  : 0.0,
+      benchmark::Counter::kIsRate);
 }
 
-// The CB codec with the token-major view (rows = tokens, cols = hidden), the paper's seed.
-optcc::LowRankCodec token_major_codec(int64_t cols, int64_t rank) {
-  optcc::MatrixView view;
-  view.kind = optcc::MatrixView::Kind::kTokenMajor;
-  view.hidden = cols;
-  return optcc::LowRankCodec(view, rank, 714);
-}
+// --- point-to-point codecs ----------------------------------------------------------------------
 
-void BM_LowRankEncode(benchmark::State& state) {
-  torch::NoGradGuard no_grad;
-  const int64_t rows = state.range(0), cols = state.range(1), rank = state.range(2);
-  optcc::LowRankCodec codec = token_major_codec(cols, rank);
-  auto x = random_matrix(rows, cols).reshape({-1});
-  codec.encode(x);  // warm-up: draws Q, later encodes warm-start from it
-  for (auto _ : state) {
-    auto p = codec.encode(x);
-    benchmark::DoNotOptimize(p.parts[0].data_ptr());
+struct CodecCase {
+  std::string codec;
+  int64_t rows = 0, cols = 0;
+  int64_t rank = 0;  // lowrank only
+};
+
+YAML::Node codec_options(const CodecCase& c) {
+  YAML::Node o;
+  if (c.codec == "lowrank") {
+    o["rank"] = c.rank;
+    o["hidden"] = c.cols;
+  } else if (c.codec == "int8" || c.codec == "int4") {
+    o["hidden"] = c.cols;
+  } else if (c.codec == "topk") {
+    o["fraction"] = 0.01;
   }
-  set_common_counters(state, rows, cols, codec.rank_for(rows * cols), 2.0 * rows * cols * 4);
+  return o;  // null for the option-less codecs and for codecs this file does not know
 }
 
-void BM_LowRankDecode(benchmark::State& state) {
+/// Bytes per element of the fp32 message an encode (decode) must move (file header).
+double codec_touch_per_element(const std::string& codec, bool encode) {
+  if (codec == "none") return 0.0;
+  if (codec == "fp16" || codec == "bf16") return 6.0;
+  if (codec == "lowrank") return encode ? 8.0 : 4.0;
+  if (codec == "int8") return 5.0;
+  if (codec == "int4") return 4.5;
+  if (codec == "topk") return 4.0 + 12.0 * 0.01;
+  return 4.0;
+}
+
+void bm_codec(benchmark::State& state, const CodecCase& c, bool encode) {
   torch::NoGradGuard no_grad;
-  const int64_t rows = state.range(0), cols = state.range(1), rank = state.range(2);
-  optcc::LowRankCodec codec = token_major_codec(cols, rank);
-  auto x = random_matrix(rows, cols).reshape({-1});
-  codec.encode(x);
-  optcc::Payload p = codec.encode(x);
-  for (auto& part : p.parts) part = part.clone();  // detach from the codec's state
-  for (auto _ : state) {
-    auto y = codec.decode(p, rows * cols);
-    benchmark::DoNotOptimize(y.data_ptr());
+  std::unique_ptr<optcc::ActCodec> codec;
+  try {
+    codec = optcc::make_act_codec(c.codec, codec_options(c));
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
   }
-  set_common_counters(state, rows, cols, codec.rank_for(rows * cols), 1.0 * rows * cols * 4);
+  const int64_t numel = c.rows * c.cols;
+  const auto x = random_matrix(c.rows, c.cols).reshape({-1});
+  optcc::Payload p = codec->encode(x);  // warm-up (lowrank: draws Q, later encodes warm-start)
+  if (encode) {
+    for (auto _ : state) {
+      auto q = codec->encode(x);
+      benchmark::DoNotOptimize(q.parts[0].data_ptr());
+    }
+  } else {
+    p = codec->encode(x);
+    for (auto& part : p.parts) part = part.clone();  // detach from x and the codec's state
+    for (auto _ : state) {
+      auto y = codec->decode(p, numel);
+      benchmark::DoNotOptimize(y.data_ptr());
+    }
+  }
+  const double gemm_flops =  // lowrank: P = M·Q and Q = Mᵀ·P̂ (encode), P̂·Qᵀ (decode)
+      c.codec == "lowrank" ? (encode ? 4.0 : 2.0) * static_cast<double>(numel * codec->wire_shapes(numel)[0][1]) : 0.0;
+  set_counters(state, 4.0 * numel, codec_touch_per_element(c.codec, encode) * numel,
+               4.0 * numel / static_cast<double>(codec->payload_bytes(numel)), gemm_flops);
 }
 
-void BM_PowerSgdReduce(benchmark::State& state) {
+// --- DP gradient reducers -----------------------------------------------------------------------
+
+struct ReducerCase {
+  std::string reducer;
+  std::vector<std::vector<int64_t>> shapes;
+  int64_t rank = 16;  // powersgd only
+};
+
+YAML::Node reducer_options(const ReducerCase& c) {
+  YAML::Node o;
+  if (c.reducer == "powersgd") o["rank"] = c.rank;
+  return o;  // every other reducer: its defaults
+}
+
+/// Bytes per element of a compressed fp32 gradient one call must move (file header).
+double reducer_touch_per_element(const std::string& reducer) {
+  if (reducer == "none" || reducer == "fp16" || reducer == "bf16") return 0.0;
+  if (reducer == "powersgd") return 28.0;
+  if (reducer == "topk" || reducer == "signsgd") return 24.0;
+  if (reducer == "randomk") return 16.0;
+  if (reducer == "qsgd") return 8.0;
+  return 8.0;
+}
+
+optcc::Registry<optcc::GradReducer>& reducer_registry() {
+  static optcc::Registry<optcc::GradReducer> registry = [] {
+    optcc::Registry<optcc::GradReducer> r;
+    optcc::register_builtin_grad_reducers(r);
+    return r;
+  }();
+  return registry;
+}
+
+void bm_reducer(benchmark::State& state, const ReducerCase& c) {
   torch::NoGradGuard no_grad;
-  const int64_t rows = state.range(0), cols = state.range(1), rank = state.range(2);
+  std::unique_ptr<optcc::GradReducer> reducer;
+  try {
+    reducer = reducer_registry().create(c.reducer, reducer_options(c));
+  } catch (const std::exception& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
   optcc::Communicator comm(optcc::ProcessGroupPtr(), {0}, 0, "bench", optcc::Link::kIntraNode, nullptr,
                            std::chrono::seconds(10));
-  optcc::PowerSgdOptions opt;
-  opt.rank = rank;
-  opt.error_feedback = true;
-  optcc::PowerSgdReducer reducer(opt);
-  const auto g0 = random_matrix(rows, cols);
-  std::vector<torch::Tensor> grads{g0.clone()};
-  reducer.reduce(grads, comm, 0);  // warm-up: allocates EF and Q
+  std::vector<torch::Tensor> fresh, grads;  // fresh: the gradients every call starts from
+  for (const auto& s : c.shapes) {
+    const int64_t rows = s[0], cols = s.size() > 1 ? s[1] : 1;
+    fresh.push_back(random_matrix(rows, cols).view(s));
+    grads.push_back(fresh.back().clone());
+  }
+  reducer->reduce(grads, comm, 0);  // warm-up: EF, Q, generators
+  double touch = 0.0, flops = 0.0;
+  const double per_element = reducer_touch_per_element(c.reducer);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const auto numel = static_cast<double>(grads[i].numel());
+    const bool compressed = i < reducer->records().size() && reducer->records()[i].compressed;
+    touch += per_element == 0.0 ? 0.0 : (compressed ? per_element : 8.0) * numel;
+    // PowerSGD: P = M·Q, Q = Mᵀ·P̂, out = P̂·Qᵀ
+    if (c.reducer == "powersgd" && compressed) flops += 6.0 * numel * static_cast<double>(reducer->records()[i].rank);
+  }
+  // Identity reducers on one rank leave the gradients as they are: no refresh needed (and with a
+  // timed part of ~0 s, an untimed copy per iteration would make the benchmark run for ever).
+  bool modifies = false;
+  for (size_t i = 0; i < grads.size(); ++i) modifies = modifies || !torch::equal(grads[i], fresh[i]);
   int64_t step = 1;
   for (auto _ : state) {
-    state.PauseTiming();
-    grads[0].copy_(g0);  // a fresh gradient each step (not timed)
-    state.ResumeTiming();
-    reducer.reduce(grads, comm, step++);
+    if (modifies) {
+      state.PauseTiming();
+      for (size_t i = 0; i < grads.size(); ++i) grads[i].copy_(fresh[i]);  // a fresh gradient (not timed)
+      state.ResumeTiming();
+    }
+    reducer->reduce(grads, comm, step++);
     benchmark::DoNotOptimize(grads[0].data_ptr());
   }
-  set_common_counters(state, rows, cols, std::min({rank, rows, cols}), 4.0 * rows * cols * 4);
+  const double raw = static_cast<double>(reducer->raw_bytes());
+  const double payload = static_cast<double>(reducer->payload_bytes());
+  set_counters(state, raw, touch, payload > 0 ? raw / payload : 0.0, flops);
 }
 
-const std::vector<std::pair<int64_t, int64_t>> kShapes = {{1024, 1920}, {1024, 3072}, {2048, 12288}};
+// --- registration -------------------------------------------------------------------------------
 
-void small_args(benchmark::internal::Benchmark* b) {
-  for (auto [rows, cols] : kShapes)
-    if (rows * cols < 2048LL * 12288)
-      for (int64_t r : {8, 16, 24, 32, 40}) b->Args({rows, cols, r});
+/// The weight shapes of one transformer layer and the word embedding, [rows, cols] as stored.
+struct PresetShapes {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> matrices;  // name, [rows, cols]
+  std::vector<std::vector<int64_t>> layer;                             // the 12 gradients of a layer
+};
+
+PresetShapes preset_shapes(const std::string& preset) {
+  const auto* p = optcc::find_model_preset(preset);
+  TORCH_CHECK(p != nullptr, "bench_compression: unknown preset ", preset);
+  const int64_t h = p->hidden_size;
+  PresetShapes s;
+  s.matrices = {{"qkv", {3 * h, h}},
+                {"proj", {h, h}},
+                {"fc1", {4 * h, h}},
+                {"fc2", {h, 4 * h}},
+                {"embedding", {kPaddedVocab, h}}};
+  s.layer = {{h}, {h}, {3 * h, h}, {3 * h}, {h, h}, {h}, {h}, {h}, {4 * h, h}, {4 * h}, {h, 4 * h}, {h}};
+  return s;
 }
-void large_args(benchmark::internal::Benchmark* b) {
-  for (int64_t r : {8, 16, 24, 32, 40}) b->Args({2048, 12288, r});
+
+template <class F>
+void add(const std::string& name, F fn) {
+  benchmark::RegisterBenchmark(name.c_str(), fn)->Unit(benchmark::kMicrosecond);
+}
+
+void register_all() {
+  benchmark::RegisterBenchmark("membw/copy_256MiB", bm_copy)->Unit(benchmark::kMillisecond);
+  const auto codecs = optcc::act_codec_names();
+  for (const auto& codec : codecs) {
+    for (bool encode : {true, false}) {
+      const std::string op = encode ? "encode" : "decode";
+      for (const auto& shape : kFig14) {
+        const int64_t rows = shape.first, cols = shape.second;
+        const std::string base = fmt::format("codec/{}/{}/fig14/{}", codec, op, shape_name(rows, cols));
+        if (codec == "lowrank") {
+          for (int64_t r : kFig14Ranks) {
+            add(fmt::format("{}/r{}", base, r),
+                [=](benchmark::State& st) { bm_codec(st, CodecCase{codec, rows, cols, r}, encode); });
+          }
+        } else {
+          add(base, [=](benchmark::State& st) { bm_codec(st, CodecCase{codec, rows, cols, 0}, encode); });
+        }
+      }
+    }
+  }
+  for (const auto& preset : kPresets) {
+    const auto shapes = preset_shapes(preset);
+    for (const auto& codec : codecs) {
+      for (bool encode : {true, false}) {
+        for (const auto& matrix : shapes.matrices) {
+          const std::string& param = matrix.first;
+          const int64_t rows = matrix.second[0], cols = matrix.second[1];
+          std::string name = fmt::format("codec/{}/{}/{}/{}/{}", codec, encode ? "encode" : "decode", preset,
+                                         param, shape_name(rows, cols));
+          if (codec == "lowrank") name += "/r16";
+          add(name, [=](benchmark::State& st) { bm_codec(st, CodecCase{codec, rows, cols, 16}, encode); });
+        }
+      }
+    }
+  }
+  const auto reducers = reducer_registry().names();
+  for (const auto& red : reducers) {
+    for (const auto& shape : kFig14) {
+      const int64_t rows = shape.first, cols = shape.second;
+      const std::string base = fmt::format("reducer/{}/reduce/fig14/{}", red, shape_name(rows, cols));
+      if (red == "powersgd") {
+        for (int64_t r : kFig14Ranks) {
+          add(fmt::format("{}/r{}", base, r),
+              [=](benchmark::State& st) { bm_reducer(st, ReducerCase{red, {{rows, cols}}, r}); });
+        }
+      } else {
+        add(base, [=](benchmark::State& st) { bm_reducer(st, ReducerCase{red, {{rows, cols}}, 16}); });
+      }
+    }
+  }
+  for (const auto& preset : kPresets) {
+    const auto shapes = preset_shapes(preset);
+    const auto& emb = shapes.matrices.back().second;
+    for (const auto& red : reducers) {
+      const std::string suffix = red == "powersgd" ? "/r16" : "";
+      add(fmt::format("reducer/{}/reduce/{}/layer{}", red, preset, suffix),
+          [=](benchmark::State& st) { bm_reducer(st, ReducerCase{red, shapes.layer, 16}); });
+      add(fmt::format("reducer/{}/reduce/{}/embedding/{}{}", red, preset, shape_name(emb[0], emb[1]), suffix),
+          [=](benchmark::State& st) { bm_reducer(st, ReducerCase{red, {emb}, 16}); });
+    }
+  }
+}
+
+/// One thread for LibTorch/OpenMP (and so oneDNN) and for OpenBLAS's own pool, which
+/// at::set_num_threads does not reach (harness/threads.h does the same for training).
+void single_thread() {
+  at::set_num_threads(1);
+  using SetThreads = void (*)(int);
+  if (auto* set_blas = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    set_blas(1);
+  }
+}
+
+/// Warns when a GEMM burns CPU on threads other than the main one (times would be too low).
+void check_single_thread() {
+  torch::NoGradGuard no_grad;
+  auto a = torch::randn({512, 512});
+  auto c = torch::empty({512, 512});
+  at::mm_out(c, a, a);
+  const double p0 = process_cpu_seconds(), t0 = thread_cpu_seconds();
+  for (int i = 0; i < 10; ++i) at::mm_out(c, a, a);
+  const double proc = process_cpu_seconds() - p0, thread = thread_cpu_seconds() - t0;
+  if (proc > 1.2 * thread) {
+    std::fprintf(stderr, "bench_compression: WARNING: other threads used %.0f%% of the main thread's CPU time in a "
+                         "GEMM; the times below are not single-thread times\n",
+                 100.0 * (proc - thread) / thread);
+  }
+}
+
+/// fp32 GEMM rate of mm_f32_out (the compressors' GEMM) on 1024×1024×1024, median of 5.
+double measure_gemm_flops() {
+  torch::NoGradGuard no_grad;
+  auto a = torch::randn({1024, 1024});
+  auto c = torch::empty({1024, 1024});
+  optcc::mm_f32_out(c, a, a);
+  std::vector<double> rates;
+  for (int i = 0; i < 5; ++i) {
+    const double t0 = thread_cpu_seconds();
+    optcc::mm_f32_out(c, a, a);
+    rates.push_back(2.0 * 1024 * 1024 * 1024 / (thread_cpu_seconds() - t0));
+  }
+  std::sort(rates.begin(), rates.end());
+  return rates[rates.size() / 2];
 }
 
 }  // namespace
 
-BENCHMARK(BM_MemoryBandwidth)->Unit(benchmark::kMillisecond)->UseRealTime();
-// The 2048×12288 slices are capped at 0.2 s each whatever --benchmark_min_time says.
-BENCHMARK(BM_LowRankEncode)->Apply(small_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_LowRankEncode)->Apply(large_args)->MinTime(0.2)->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_LowRankDecode)->Apply(small_args)->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_LowRankDecode)->Apply(large_args)->MinTime(0.2)->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_PowerSgdReduce)->Args({1024, 1920, 16})->Args({1024, 3072, 16})
-    ->Unit(benchmark::kMicrosecond)->UseRealTime();
-BENCHMARK(BM_PowerSgdReduce)->Args({2048, 12288, 16})->MinTime(0.2)
-    ->Unit(benchmark::kMicrosecond)->UseRealTime();
-
 int main(int argc, char** argv) {
-  at::set_num_threads(1);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  single_thread();
+  check_single_thread();
+  // Default --benchmark_min_time=0.1 (Google Benchmark's 0.5 s would make the set take ~10 min).
+  std::vector<char*> args(argv, argv + argc);
+  std::string min_time = "--benchmark_min_time=0.1";
+  bool has_min_time = false;
+  for (int i = 1; i < argc; ++i) has_min_time = has_min_time || std::strncmp(argv[i], "--benchmark_min_time", 20) == 0;
+  if (!has_min_time) args.insert(args.begin() + 1, min_time.data());
+  int args_count = static_cast<int>(args.size());
+  benchmark::Initialize(&args_count, args.data());
+  if (benchmark::ReportUnrecognizedArguments(args_count, args.data())) return 1;
+  g_bandwidth_bytes_per_s = measure_bandwidth(9);
+  benchmark::AddCustomContext("memory_bandwidth_GBps", fmt::format("{:.2f}", g_bandwidth_bytes_per_s / 1e9));
+  benchmark::AddCustomContext("bandwidth_method", "median of 9 copy_ of 256 MiB fp32, (read+write bytes)/thread CPU s");
+  benchmark::AddCustomContext("sgemm_1024_GFLOPs", fmt::format("{:.1f}", measure_gemm_flops() / 1e9));
+  register_all();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
   return 0;
