@@ -271,7 +271,6 @@ YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec) {
 int64_t sc_way(const Config& c) {
   const std::string& v = c.compression.dp_stages;
   if (v == "all") return c.parallel.pp;
-  if (v == "auto") return -1;
   int64_t way = 0;
   size_t used = 0;
   try {
@@ -280,8 +279,8 @@ int64_t sc_way(const Config& c) {
     used = 0;
   }
   if (used != v.size() || way < 1) {
-    fail("compression.dp_stages", "'" + v + "'", "must be all, auto or a positive integer way",
-         "use all, auto, or e.g. 3 to compress stages 0..2 (spec §6.5)");
+    fail("compression.dp_stages", "'" + v + "'", "must be all or a positive integer way",
+         "use all, or e.g. 3 to compress stages 0..2 (spec §6.5)");
   }
   return std::min<int64_t>(way, c.parallel.pp);
 }
@@ -304,14 +303,14 @@ void apply_compression_scheme(CompressionConfig& c, const std::string& name) {
   if (name == "baseline") return;
   // CB: rank-16 low-rank codec on activation gradients, epilogue-only, LEP (spec §8.1).
   c.pipeline_backward.name = "lowrank";
-  c.pipeline_backward.options = YAML::Node(YAML::NodeType::Map);
+  c.pipeline_backward.options.reset(YAML::Node(YAML::NodeType::Map));
   c.pipeline_backward.options["rank"] = 16;
   c.backward_phases = "epilogue";
   c.lep = name == "cb_nonlep" ? "off" : "lazy";
   if (name == "cb_fe" || name == "cb_fe_sc") c.fused_embedding = true;
   if (name == "cb_fe_sc") {  // PowerSGD rank 128 with error feedback on the first 3 stages
     c.dp.name = "powersgd";
-    c.dp.options = YAML::Node(YAML::NodeType::Map);
+    c.dp.options.reset(YAML::Node(YAML::NodeType::Map));
     c.dp.options["rank"] = 128;
     c.dp.options["error_feedback"] = true;
     c.dp.options["warmup_steps"] = 0;

@@ -87,19 +87,32 @@ struct DataConfig {
 
 /// A compressor and its options. In YAML either a name (`dp: powersgd`) or a mapping with the
 /// name and the compressor's options (`dp: {name: powersgd, rank: 4, error_feedback: true}`).
+/// Copies are deep: a YAML::Node is a reference, and assigning to one writes through to every
+/// copy sharing it, so copying a Config and changing the copy must not touch the original.
 struct CompressorSpec {
   std::string name = "none";
   YAML::Node options;  // the compressor's own keys (validated by the compressor's factory)
+
+  CompressorSpec() = default;
+  CompressorSpec(const CompressorSpec& o) : name(o.name), options(clone(o.options)) {}
+  CompressorSpec& operator=(const CompressorSpec& o) {
+    if (this != &o) {
+      name = o.name;
+      options.reset(clone(o.options));  // rebind, never write through
+    }
+    return *this;
+  }
+
+ private:
+  static YAML::Node clone(const YAML::Node& n) { return n.IsDefined() ? YAML::Clone(n) : YAML::Node(); }
 };
 
 /// `compression:` compressor per traffic class and the Optimus-CC techniques (spec §2-§6);
 /// `none` everywhere (the default) is the uncompressed baseline, bit-identical to it.
 ///   dp                 GradReducer (compression/grad_reducer.h registry): none, fp16, bf16,
 ///                      powersgd, topk, randomk, qsgd, signsgd.
-///   dp_stages          SC (spec §6.5): `all` (every stage compresses its DP gradients), an
-///                      integer `way` (stages 0..way-1 compress, the rest reduce raw), or `auto`
-///                      (stages whose raw DP all-reduce would end after stage 0's, from the
-///                      schedule's critical path and the declared link speed; logged).
+///   dp_stages          SC (spec §6.5): `all` (every stage compresses its DP gradients) or an
+///                      integer `way` (stages 0..way-1 compress, the rest reduce raw).
 ///   embedding          GradReducer for the tied-embedding synchronisation (pair or FE group).
 ///   fused_embedding    FE (spec §5.2): word-embedding gradients leave the DP reduction; one
 ///                      all-reduce over {first, last stage} x all DP replicas per TP rank, ÷ dp.
@@ -201,8 +214,8 @@ std::string to_yaml_value(const CompressorSpec& spec);
 /// micro_batch for view: reference; int8/int4: hidden).
 YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec);
 
-/// SC (spec §6.5): the number of leading stages that compress DP gradients: pp for `all`, the
-/// integer way capped at pp, or -1 for `auto` (resolved at run time). Throws ConfigError.
+/// SC (spec §6.5): the number of leading stages that compress DP gradients: pp for `all`, else
+/// the integer way capped at pp. Throws ConfigError for anything else.
 int64_t sc_way(const Config& c);
 /// If model.vocab_size is 0, reads it from <data.prefix>.json; throws ConfigError if unavailable.
 void resolve_vocab(Config& cfg);

@@ -78,12 +78,12 @@ bool parse(const YAML::Node& n, bool& out) {
 bool parse(const YAML::Node& n, CompressorSpec& out) {
   if (n.IsScalar()) {
     out.name = n.Scalar();
-    out.options = YAML::Node(YAML::NodeType::Map);
+    out.options.reset(YAML::Node(YAML::NodeType::Map));
     return true;
   }
   if (!n.IsMap() || !n["name"] || !n["name"].IsScalar()) return false;
   out.name = n["name"].Scalar();
-  out.options = YAML::Node(YAML::NodeType::Map);
+  out.options.reset(YAML::Node(YAML::NodeType::Map));
   for (const auto& kv : n) {
     if (kv.first.as<std::string>() != "name") out.options[kv.first.as<std::string>()] = YAML::Clone(kv.second);
   }

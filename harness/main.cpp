@@ -4,6 +4,7 @@
 //   optcc data fetch|prepare|info --config experiments/demo.yaml
 //   optcc bench step --config experiments/demo.yaml [--steps 10] [--threads 1]
 //   optcc config show --config experiments/demo.yaml [--set ...]
+//   optcc traffic --config experiments/paper/gpt-2.5b.yaml [--set ...] [--world N] [--json]
 #include <CLI/CLI.hpp>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
@@ -18,6 +19,7 @@
 #include "harness/config.h"
 #include "harness/distributed.h"
 #include "harness/threads.h"
+#include "harness/traffic_model.h"
 #include "harness/trainer.h"
 
 extern char** environ;
@@ -131,10 +133,48 @@ int main(int argc, char** argv) {
   auto* show = config_cmd->add_subcommand("show", "print the effective config after presets and --set");
   add_config(show);
 
+  auto* traffic = app.add_subcommand(
+      "traffic", "print the bytes per iteration by traffic class and link (analytic; runs nothing)");
+  add_config(traffic);
+  int64_t traffic_world = 0;
+  bool traffic_json = false;
+  TrafficModelOptions traffic_opts;
+  traffic->add_option("--world", traffic_world, "GPUs: sets parallel.dp = N / (tp * pp) (default: tp*pp*dp)");
+  traffic->add_flag("--json", traffic_json, "machine-readable output (bytes)");
+  traffic->add_flag("--recompute", traffic_opts.recompute,
+                    "k_TP = 6: full activation recomputation, as the paper's runs (optcc does not recompute)");
+  traffic->add_option("--element-bytes", traffic_opts.element_bytes, "β: bytes per activation/gradient element (4 fp32, 2 for 16-bit)");
+  traffic->add_flag("--reference-powersgd", traffic_opts.reference_powersgd,
+                    "DP PowerSGD compresses every >=2-D gradient, as the reference (min_compression_rate 0)");
+
   CLI11_PARSE(app, argc, argv);
 
   try {
     Config cfg = load_config(config_path, overrides);
+    if (traffic->parsed()) {  // analytic: no process group, no data
+      if (traffic_world > 0) {
+        const int64_t tp_pp = cfg.parallel.tp * cfg.parallel.pp;
+        if (traffic_world % tp_pp != 0) {
+          throw ConfigError(fmt::format("--world {} is not a multiple of parallel.tp * parallel.pp = {}. Fix: pick a "
+                                        "multiple, or change tp/pp with --set.", traffic_world, tp_pp));
+        }
+        cfg.parallel.dp = traffic_world / tp_pp;
+      }
+      if (cfg.model.vocab_size == 0) {
+        try {
+          resolve_vocab(cfg);
+        } catch (const ConfigError& e) {
+          throw ConfigError(fmt::format("{}\nThe traffic model needs the vocabulary: pass --set model.vocab_size=N "
+                                        "(e.g. 50257 for GPT-2), or prepare the dataset first.", e.what()));
+        }
+      }
+      cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
+      const TrafficEstimate estimate = estimate_traffic(cfg, traffic_opts);
+      const PaperTrafficRows rows = paper_traffic_rows(cfg, traffic_opts);
+      std::cout << (traffic_json ? traffic_report_json(cfg, estimate, rows, traffic_opts)
+                                 : traffic_report(cfg, estimate, rows, traffic_opts));
+      return 0;
+    }
     const bool is_launcher = nproc > 1 && std::getenv("OPTCC_RANK") == nullptr;
     if (is_launcher) {
       cfg.validate_layout(nproc);

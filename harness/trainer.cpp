@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -19,6 +20,7 @@
 #include "harness/data_loader.h"
 #include "harness/distributed.h"
 #include "harness/grad_sync.h"
+#include "harness/memory_tracker.h"
 #include "harness/metrics.h"
 #include "harness/optimizer.h"
 #include "harness/pipeline_codec.h"
@@ -83,6 +85,20 @@ std::vector<TableSpec> result_tables() {
         {"encode_seconds", ColumnType::kFloat64, "s"},
         {"decode_seconds", ColumnType::kFloat64, "s"},
         {"lep_bytes", ColumnType::kInt64, "bytes"}}},
+      // Fig. 12 (spec §8.3): tensor memory per (step, rank) by component, bytes. activations_peak
+      // is the tracked peak during the pipeline schedule above the memory held when it started;
+      // tracked_peak the peak of all tensor memory over the step (memory_tracker.h).
+      {"memory_components",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"parameters", ColumnType::kInt64, "bytes"},
+        {"gradients", ColumnType::kInt64, "bytes"},
+        {"optimizer", ColumnType::kInt64, "bytes"},
+        {"activations_peak", ColumnType::kInt64, "bytes"},
+        {"lep_buffers", ColumnType::kInt64, "bytes"},
+        {"ef_buffers", ColumnType::kInt64, "bytes"},
+        {"pq_buffers", ColumnType::kInt64, "bytes"},
+        {"tracked_peak", ColumnType::kInt64, "bytes"}}},
       // Fig. 11 (spec §3.3), when log.lep_orthogonality is on: one row per (step, rank, j).
       {"lep_orthogonality",
        {{"step", ColumnType::kInt64, "steps"},
@@ -169,7 +185,10 @@ int64_t peak_rss_bytes() {
 }
 
 // Per-rank rows of one step besides traffic: compression records (fixed widths agreed at start).
+constexpr int kMemoryComponents = 8;
+
 struct StepExtras {
+  std::array<int64_t, kMemoryComponents> memory{};  // memory_components columns after rank
   const GradReducer* dp_reducer = nullptr;
   int64_t max_dp_tensors = 0;          // max over ranks of the DP tensor count
   PipelineCodec* codec = nullptr;
@@ -186,7 +205,8 @@ void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double p
   const int64_t tensors_at = traffic_width + 3;
   const int64_t codec_at = tensors_at + 1 + 4 * x.max_dp_tensors;
   const int64_t orth_at = codec_at + kCodec;
-  const int64_t width = orth_at + 1 + 4 * x.max_orth_pairs;
+  const int64_t memory_at = orth_at + 1 + 4 * x.max_orth_pairs;
+  const int64_t width = memory_at + kMemoryComponents;
   auto mine = torch::zeros({width}, torch::kDouble);
   auto a = mine.accessor<double, 1>();
   for (int c = 0; c < kNumTraffic; ++c) {
@@ -226,6 +246,7 @@ void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double p
       }
     }
   }
+  for (int i = 0; i < kMemoryComponents; ++i) a[memory_at + i] = static_cast<double>(x.memory[i]);
   d.meter.reset();
   auto all = d.world->all_gather(mine.unsqueeze(0), Traffic::kControl, 0);  // [world, width]
   if (!sink) return;
@@ -250,6 +271,9 @@ void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double p
                                       i64(g[r][codec_at + 3]), i64(g[r][codec_at + 4]), i64(g[r][codec_at + 5]),
                                       g[r][codec_at + 6], g[r][codec_at + 7], i64(g[r][codec_at + 8])});
     }
+    std::vector<Cell> mem{step, r};
+    for (int i = 0; i < kMemoryComponents; ++i) mem.push_back(i64(g[r][memory_at + i]));
+    sink->append("memory_components", mem);
     for (int64_t i = 0; i < i64(g[r][orth_at]); ++i) {
       const int64_t o = orth_at + 1 + 4 * i;
       sink->append("lep_orthogonality", {step, r, i64(g[r][o]), g[r][o + 1], g[r][o + 2], g[r][o + 3]});
@@ -360,7 +384,22 @@ TrainSummary run_training(Config cfg, const TrainOptions& options) {
   return run_training(std::move(cfg), options, *dist);
 }
 
+int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+
+// Adam's moments (and max moment with amsgrad), bytes.
+int64_t optimizer_state_bytes(torch::optim::AdamW& opt) {
+  int64_t n = 0;
+  for (const auto& [key, state] : opt.state()) {
+    if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(state.get())) {
+      n += bytes_of(s->exp_avg()) + bytes_of(s->exp_avg_sq()) + bytes_of(s->max_exp_avg_sq());
+    }
+  }
+  return n;
+}
+
 TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& d) {
+  auto memory = std::make_shared<MemoryTracker>();
+  const auto memory_guard = MemoryTracker::install(memory);  // before the model exists
   resolve_vocab(cfg);
   cfg.validate(d.env.world_size);
   const bool writer = d.rank() == 0;
@@ -503,7 +542,10 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     stage_fn.batches.clear();
     for (int64_t i = 0; i < m && loader; ++i) stage_fn.batches.push_back(loader->next());
     codec->begin_step();
+    memory->reset_peak();
+    const int64_t before_schedule = memory->allocated();
     const auto result = run_pipeline_step(*pipeline, stage_fn, link, static_cast<int>(m));
+    const int64_t activations_peak = memory->peak() - before_schedule;
     const bool finite = grad_sync.reduce(params, state.step);  // DP (SC), then embedding (pair or FE)
     if (!finite) {  // BR-01: NaN norm here reaches every rank through the model-parallel all-reduce
       for (const auto& p : params) p.grad().fill_(std::numeric_limits<float>::quiet_NaN());
@@ -532,6 +574,15 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     seconds_run += dt;
     summary.train_losses.push_back(loss);
+    {
+      int64_t param_bytes = 0, grad_bytes = 0;
+      for (const auto& p : params) param_bytes += bytes_of(p), grad_bytes += bytes_of(p.grad());
+      const GradReducer* emb = grad_sync.embedding_reducer();
+      const GradReducer& dpr = grad_sync.dp_reducer();
+      extras.memory = {param_bytes, grad_bytes, optimizer_state_bytes(*optimizer), activations_peak,
+                       codec->lep_bytes(), dpr.error_feedback_bytes() + (emb ? emb->error_feedback_bytes() : 0),
+                       dpr.factor_bytes() + (emb ? emb->factor_bytes() : 0) + codec->codec_state_bytes(), memory->peak()};
+    }
     record_rank_stats(d, sink.get(), state.step, result.seconds, dt, extras);
     if (sink) sink->append("train", {state.step, loss, lr, grad_norm, dt, tokens_per_step / dt});
     if (state.step % cfg.log.interval == 0 || state.step == cfg.train.train_steps) {

@@ -271,6 +271,12 @@ TEST(Config, SchemesSetThePaperRowsAndExplicitKeysOverrideThem) {
   Config base = load_config("", {"compression.scheme=cb", "compression.scheme=baseline"});  // resets
   base.compression.scheme = "";
   EXPECT_EQ(to_yaml(base), to_yaml(Config{}));
+  // Copies are deep: applying a scheme to a copy leaves the original's options alone.
+  Config orig = load_config("", {"compression.dp={name: powersgd, rank: 4}"});
+  Config copy = orig;
+  apply_compression_scheme(copy.compression, "cb");
+  EXPECT_EQ(orig.compression.dp.options["rank"].as<int64_t>(), 4);
+  EXPECT_EQ(copy.compression.dp.name, "none");
   // The effective YAML reloads to the same config.
   const std::string path = dir / "effective.yaml";
   std::ofstream(path) << to_yaml(cb);

@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Compare runs of the paper's schemes (or any runs) from their optcc results files.
+
+  scheme_table.py RUN.h5 [RUN.h5 ...] [--json]
+
+One row per file: the scheme (root attribute compression_scheme), steps, final validation loss and
+perplexity, the perplexity relative to the first file (the baseline), and the bytes ALL ranks sent
+per training step by traffic class (mean over the steps after the first), the LEP buffer memory
+per rank, the mean |cos| of the Fig. 11 diagnostic when it was recorded, and the mean step time.
+Needs h5py and numpy (/usr/bin/python3 on Debian after `make deps`).
+"""
+import argparse
+import json
+import sys
+
+try:
+    import h5py
+    import numpy as np
+except ImportError as e:
+    sys.exit(f"scheme_table.py: {e}; install h5py (apt install python3-h5py) or run with /usr/bin/python3")
+
+CLASSES = ["tp", "pp_fwd", "pp_bwd", "dp", "embedding"]
+
+
+def attr(f, name, default=""):
+    v = f.attrs.get(name, default)
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def summarise(path):
+    with h5py.File(path, "r") as f:
+        row = {"file": path, "scheme": attr(f, "compression_scheme", "?")}
+        steps = f["train/step"][:]
+        row["steps"] = int(steps[-1]) if len(steps) else 0
+        row["val_loss"] = float(f["eval/loss"][-1])
+        row["val_ppl"] = float(f["eval/ppl"][-1])
+        row["step_seconds"] = float(np.mean(f["train/step_seconds"][1:])) if len(steps) > 1 else float("nan")
+        t = f["traffic"]
+        tstep, tcls, tbytes = t["step"][:], t["class"][:], t["bytes"][:]
+        later = tstep > 1
+        n = max(1, len(np.unique(tstep[later])))
+        for i, c in enumerate(CLASSES):
+            row[f"{c}_MB_per_step"] = float(tbytes[later & (tcls == i)].sum()) / n / 1e6
+        if "memory_components" in f:
+            row["lep_bytes_per_rank"] = int(f["memory_components/lep_buffers"][:].max())
+        if "lep_orthogonality" in f and len(f["lep_orthogonality/cosine"]):
+            row["lep_mean_abs_cos"] = float(np.mean(np.abs(f["lep_orthogonality/cosine"][:])))
+        return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = ap.parse_args()
+    rows = [summarise(p) for p in args.files]
+    base = rows[0]["val_ppl"]
+    for r in rows:
+        r["ppl_vs_first"] = r["val_ppl"] / base - 1
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    head = ["scheme", "steps", "val loss", "val ppl", "ppl vs 1st"] + [f"{c} MB/step" for c in CLASSES] + \
+           ["LEP B/rank", "mean |cos| (Fig. 11)", "s/step"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        cells = [r["scheme"], str(r["steps"]), f"{r['val_loss']:.4f}", f"{r['val_ppl']:.2f}",
+                 f"{100 * r['ppl_vs_first']:+.2f}%"]
+        cells += [f"{r[c + '_MB_per_step']:.3f}" for c in CLASSES]
+        cells += [str(r.get("lep_bytes_per_rank", "")),
+                  f"{r['lep_mean_abs_cos']:.4f}" if "lep_mean_abs_cos" in r else "",
+                  f"{r['step_seconds']:.3f}"]
+        print("| " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
