@@ -184,4 +184,22 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
   return TrainState{read_scalar(ar, "meta/step"), read_scalar(ar, "meta/consumed_samples")};
 }
 
+std::optional<torch::Tensor> read_checkpoint_tensor(const std::string& ckpt, int64_t rank, const std::string& name,
+                                                    const std::string& key) {
+  fs::path ckpt_dir = ckpt;
+  if (fs::exists(ckpt_dir / "latest")) ckpt_dir = *latest_checkpoint(ckpt);
+  const std::string file = rank_file(ckpt_dir, rank);
+  if (!fs::exists(file)) return std::nullopt;
+  try {
+    torch::serialize::InputArchive ar, sub;
+    ar.load_from(file);
+    ar.read("state/" + name, sub);
+    torch::Tensor t;
+    sub.read(key, t);
+    return t;
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace optcc

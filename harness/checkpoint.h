@@ -62,4 +62,10 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
                            const std::map<std::string, at::Generator>& generators = {},
                            const std::vector<CheckpointPart>& parts = {});
 
+/// One tensor `key` of the part `name` in this rank's file of checkpoint `ckpt` (as for
+/// load_checkpoint), without loading anything else; nullopt when the file has no such part/key.
+/// For decisions that must be known before the other parts can be built (SC auto's stage choice).
+std::optional<torch::Tensor> read_checkpoint_tensor(const std::string& ckpt, int64_t rank, const std::string& name,
+                                                    const std::string& key);
+
 }  // namespace optcc

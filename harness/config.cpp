@@ -271,6 +271,7 @@ YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec) {
 int64_t sc_way(const Config& c) {
   const std::string& v = c.compression.dp_stages;
   if (v == "all") return c.parallel.pp;
+  if (v == "auto") return -1;
   int64_t way = 0;
   size_t used = 0;
   try {
@@ -279,8 +280,8 @@ int64_t sc_way(const Config& c) {
     used = 0;
   }
   if (used != v.size() || way < 1) {
-    fail("compression.dp_stages", "'" + v + "'", "must be all or a positive integer way",
-         "use all, or e.g. 3 to compress stages 0..2 (spec §6.5)");
+    fail("compression.dp_stages", "'" + v + "'", "must be all, auto or a positive integer way",
+         "use all, auto, or e.g. 3 to compress stages 0..2 (spec §6.5)");
   }
   return std::min<int64_t>(way, c.parallel.pp);
 }

@@ -111,8 +111,13 @@ struct CompressorSpec {
 /// `none` everywhere (the default) is the uncompressed baseline, bit-identical to it.
 ///   dp                 GradReducer (compression/grad_reducer.h registry): none, fp16, bf16,
 ///                      powersgd, topk, randomk, qsgd, signsgd.
-///   dp_stages          SC (spec §6.5): `all` (every stage compresses its DP gradients) or an
-///                      integer `way` (stages 0..way-1 compress, the rest reduce raw).
+///   dp_stages          SC (spec §6.5): `all` (every stage compresses its DP gradients), an
+///                      integer `way` (stages 0..way-1 compress, the rest reduce raw), or `auto`:
+///                      a calibration step before training measures each stage's schedule end
+///                      and raw DP all-reduce time, and stage k compresses iff its raw all-reduce
+///                      would end after stage 0's compressed one (spec §6.5's rule
+///                      T_raw(k) > (end_0 − end_k) + T_dp(0)); the choice is logged, stored in the
+///                      results and the checkpoints (a resumed run keeps it).
 ///   embedding          GradReducer for the tied-embedding synchronisation (pair or FE group).
 ///   fused_embedding    FE (spec §5.2): word-embedding gradients leave the DP reduction; one
 ///                      all-reduce over {first, last stage} x all DP replicas per TP rank, ÷ dp.
@@ -214,8 +219,8 @@ std::string to_yaml_value(const CompressorSpec& spec);
 /// micro_batch for view: reference; int8/int4: hidden).
 YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec);
 
-/// SC (spec §6.5): the number of leading stages that compress DP gradients: pp for `all`, else
-/// the integer way capped at pp. Throws ConfigError for anything else.
+/// SC (spec §6.5): the number of leading stages that compress DP gradients: pp for `all`, the
+/// integer way capped at pp, or -1 for `auto` (decided at run time). Throws ConfigError otherwise.
 int64_t sc_way(const Config& c);
 /// If model.vocab_size is 0, reads it from <data.prefix>.json; throws ConfigError if unavailable.
 void resolve_vocab(Config& cfg);

@@ -25,7 +25,7 @@ void sync_tied_embedding_grad(GptModel& model, Communicator* embedding) {
 }
 
 GradientSync::GradientSync(const Config& cfg, GptModel& model, Communicator* dp, Communicator* embedding,
-                           Communicator* fused_embedding, int stage)
+                           Communicator* fused_embedding, int stage, std::optional<bool> compress_dp)
     : model_(model),
       dp_(dp),
       embedding_(embedding),
@@ -34,8 +34,13 @@ GradientSync::GradientSync(const Config& cfg, GptModel& model, Communicator* dp,
       fused_(cfg.compression.fused_embedding) {
   Registry<GradReducer> registry;
   register_builtin_grad_reducers(registry);
-  const int64_t way = sc_way(cfg);
-  compress_dp_ = stage < way;
+  if (compress_dp) {
+    compress_dp_ = *compress_dp;
+  } else {
+    const int64_t way = sc_way(cfg);
+    if (way < 0) throw std::invalid_argument("GradientSync: compression.dp_stages = auto needs the stage's choice");
+    compress_dp_ = stage < way;
+  }
   dp_reducer_ = compress_dp_ ? registry.create(cfg.compression.dp.name, cfg.compression.dp.options)
                              : registry.create("none");
   if (cfg.compression.embedding.name != "none") {

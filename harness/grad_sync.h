@@ -11,6 +11,7 @@
 
 #include <torch/torch.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,8 +49,10 @@ void sync_tied_embedding_grad(GptModel& model, Communicator* embedding);
 /// collectives of the step are still issued, so the peers never wait in vain.
 class GradientSync {
  public:
+  /// `compress_dp`: whether this stage compresses its DP gradients; nullopt = stage < sc_way(cfg)
+  /// (required for dp_stages: auto, which the caller resolves: std::invalid_argument otherwise).
   GradientSync(const Config& cfg, GptModel& model, Communicator* dp, Communicator* embedding,
-               Communicator* fused_embedding, int stage);
+               Communicator* fused_embedding, int stage, std::optional<bool> compress_dp = std::nullopt);
 
   bool reduce(const std::vector<torch::Tensor>& params, int64_t step);
 

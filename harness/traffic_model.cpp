@@ -274,7 +274,11 @@ TrafficEstimate estimate_traffic(const Config& cfg, const TrafficModelOptions& o
   } catch (const std::exception& ex) {
     throw ConfigError(fmt::format("config error: parallel.schedule = '{}': {}", cfg.parallel.schedule, ex.what()));
   }
-  const int64_t way = sc_way(cfg);
+  int64_t way = sc_way(cfg);
+  if (way < 0) {
+    way = p;
+    e.notes.push_back("compression.dp_stages = auto is decided at run time by a calibration step; modelled as all");
+  }
   const bool tp_cast = k.tp.name == "fp16" || k.tp.name == "bf16";
   const int64_t tp_beta = tp_cast ? 2 : beta;
   const int64_t ce_beta = tp_cast ? 2 : 4;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -384,6 +385,75 @@ TrainSummary run_training(Config cfg, const TrainOptions& options) {
   return run_training(std::move(cfg), options, *dist);
 }
 
+namespace {
+
+// SC `auto` (spec §6.5): one calibration step before training decides which stages compress.
+struct ScChoice {
+  std::vector<bool> compress;           // [stages]
+  std::vector<double> end, raw, comp0;  // per stage: schedule end after a common barrier, raw DP
+                                        // all-reduce time, stage 0's compressed time (s)
+};
+
+ScChoice calibrate_sc_auto(const Config& cfg, Distributed& d, GptModel& model, const PipelineSchedule& pipeline,
+                           GptStageFunctions& fn, const std::vector<int64_t>& act_shape, int64_t m,
+                           const RunData& data) {
+  const RankCoord coord = d.coord();
+  const int stages = static_cast<int>(cfg.parallel.pp);
+  // Nothing of the run may change: generators are restored, the data position is not advanced,
+  // the pipeline codec (LEP, Q) is not used (an uncompressed link), no optimizer step.
+  auto cpu_gen = at::detail::getDefaultCPUGenerator();
+  const torch::Tensor cpu_state = cpu_gen.get_state();
+  const torch::Tensor attention_state = model->attention_generator().get_state();
+  fn.batches.clear();
+  if (model->stage().is_first || model->stage().is_last) {
+    BatchLoader calib(data.train, cfg.model.seq_len, cfg.train.micro_batch_size, coord.dp, cfg.parallel.dp, 0);
+    for (int64_t i = 0; i < m; ++i) fn.batches.push_back(calib.next());
+  }
+  StageLink plain(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape});
+  auto params = model->parameters();
+  for (auto& p : params) p.mutable_grad() = torch::Tensor();
+  d.world->barrier();
+  const auto t0 = Clock::now();
+  run_pipeline_step(pipeline, fn, plain, static_cast<int>(m));
+  const double end = std::chrono::duration<double>(Clock::now() - t0).count();
+  auto grads = ensure_grads(params);
+  std::vector<torch::Tensor> copy;
+  for (const auto& g : grads) copy.push_back(g.clone());
+  Registry<GradReducer> registry;
+  register_builtin_grad_reducers(registry);
+  auto timed = [&](const std::string& name, const YAML::Node& options) {
+    auto reducer = registry.create(name, options);
+    std::vector<torch::Tensor> work;
+    for (const auto& g : copy) work.push_back(g.clone());
+    d.dp->barrier();
+    const auto t = Clock::now();
+    reducer->reduce(work, *d.dp, 0);
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  const double raw = d.dp->size() > 1 ? timed("none", YAML::Node()) : 0.0;
+  const double comp = d.dp->size() > 1 && coord.pp == 0 ? timed(cfg.compression.dp.name, cfg.compression.dp.options) : 0.0;
+  for (auto& p : params) p.mutable_grad() = torch::Tensor();
+  fn.batches.clear();
+  cpu_gen.set_state(cpu_state);
+  model->attention_generator().set_state(attention_state);
+  auto mine = torch::tensor({static_cast<double>(coord.pp), end, raw, comp}, torch::kDouble);
+  auto all = d.world->all_gather(mine.unsqueeze(0), Traffic::kControl, 0);
+  d.meter.reset();
+  ScChoice c;
+  c.end.assign(stages, 0.0), c.raw.assign(stages, 0.0), c.comp0.assign(stages, 0.0);
+  auto a = all.accessor<double, 2>();
+  for (int64_t r = 0; r < all.size(0); ++r) {  // per stage, the slowest of its ranks
+    const int k = static_cast<int>(a[r][0]);
+    c.end[k] = std::max(c.end[k], a[r][1]), c.raw[k] = std::max(c.raw[k], a[r][2]);
+    c.comp0[k] = std::max(c.comp0[k], a[r][3]);
+  }
+  c.compress.assign(stages, false);
+  for (int k = 0; k < stages; ++k) {  // compress k iff its raw all-reduce ends after stage 0's compressed one
+    c.compress[k] = c.end[k] + c.raw[k] > c.end[0] + c.comp0[0];
+  }
+  return c;
+}
+
 int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
 
 // Adam's moments (and max moment with amsgrad), bytes.
@@ -396,6 +466,8 @@ int64_t optimizer_state_bytes(torch::optim::AdamW& opt) {
   }
   return n;
 }
+
+}  // namespace
 
 TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& d) {
   auto memory = std::make_shared<MemoryTracker>();
@@ -433,9 +505,44 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     d.tp->set_all_reduce_wire_dtype(Traffic::kTensorParallel, comp.tp.name == "fp16" ? torch::kHalf : torch::kBFloat16);
   }
   auto pipeline = make_schedule(cfg.parallel.schedule);
+  GptStageFunctions stage_fn(model, m);
+  // SC: which stages compress their DP gradients (dp_stages: all | way | auto).
+  std::vector<bool> sc_compress(stages);
+  std::string sc_auto_text;
+  if (sc_way(cfg) >= 0) {
+    for (int k = 0; k < stages; ++k) sc_compress[k] = k < sc_way(cfg);
+  } else {
+    std::optional<torch::Tensor> stored;
+    if (options.resume) stored = read_checkpoint_tensor(*options.resume, d.rank(), "sc_auto", "compress");
+    if (stored && stored->numel() == stages) {
+      for (int k = 0; k < stages; ++k) sc_compress[k] = (*stored)[k].item<int64_t>() != 0;
+      sc_auto_text = "kept from the checkpoint";
+    } else {
+      const ScChoice c = calibrate_sc_auto(cfg, d, model, *pipeline, stage_fn, act_shape, m, data);
+      sc_compress = c.compress;
+      for (int k = 0; k < stages; ++k) {
+        sc_auto_text += fmt::format("{}stage {}: end {:.1f} ms + raw DP {:.1f} ms {} stage 0's end + compressed DP "
+                                    "{:.1f} ms -> {}",
+                                    k ? "; " : "", k, 1e3 * c.end[k], 1e3 * c.raw[k],
+                                    c.compress[k] ? ">" : "<=", 1e3 * (c.end[0] + c.comp0[0]),
+                                    c.compress[k] ? "compress" : "raw");
+      }
+    }
+    if (!quiet) spdlog::info("compression.dp_stages = auto: {}", sc_auto_text);
+  }
+  if (comp.dp.name == "none") sc_compress.assign(stages, false);
   // DP gradients (SC decides per stage), tied-embedding sync (baseline pair or FE).
-  GradientSync grad_sync(cfg, model, d.dp.get(), d.embedding.get(), d.fused_embedding.get(), coord.pp);
+  GradientSync grad_sync(cfg, model, d.dp.get(), d.embedding.get(), d.fused_embedding.get(), coord.pp,
+                         static_cast<bool>(sc_compress[coord.pp]));
   auto checkpoint_parts = grad_sync.checkpoint_parts();
+  if (sc_way(cfg) < 0) {
+    checkpoint_parts.push_back({"sc_auto", "auto",
+                                [sc_compress](auto& a) {
+                                  std::vector<int64_t> v(sc_compress.begin(), sc_compress.end());
+                                  a.write("compress", torch::tensor(v, torch::kLong));
+                                },
+                                [](auto&) {}});  // read before GradientSync, see above
+  }
   if (codec->compresses_backward() || codec->compresses_forward()) {
     PipelineCodec* c = codec.get();
     checkpoint_parts.push_back({"pipeline_codec",
@@ -463,7 +570,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
   const auto all_dp_names = gather_names(d, grad_sync.dp_tensor_names());
   const auto sc_stages = [&] {  // which stages compress DP gradients (SC), for the log and results
     std::string out;
-    for (int k = 0; k < stages; ++k) out += fmt::format("{}{}", out.empty() ? "" : ",", k < sc_way(cfg) ? "c" : "raw");
+    for (int k = 0; k < stages; ++k) out += fmt::format("{}{}", out.empty() ? "" : ",", sc_compress[k] ? "c" : "raw");
     return out;
   }();
   std::unique_ptr<BatchLoader> loader;
@@ -498,6 +605,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
                                   ? comp.dp.options["ef_residual"].as<std::string>()
                                   : (comp.dp.name == "powersgd" ? "averaged" : "n/a");
     attrs["dp_tensor_names"] = nlohmann::json(all_dp_names).dump();
+    if (!sc_auto_text.empty()) attrs["sc_auto"] = sc_auto_text;
     attrs["traffic_classes"] = "0 tp, 1 pp_fwd, 2 pp_bwd, 3 dp, 4 embedding, 5 control; link 0 intra, 1 inter";
     sink = std::make_unique<Hdf5MetricsSink>(summary.results_path, attrs, result_tables());
   }
@@ -531,7 +639,6 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
   };
 
   if (state.step == 0) run_eval(0);  // the untrained model's loss (about ln V) anchors the curve
-  GptStageFunctions stage_fn(model, m);
   const auto params = model->parameters();
   double seconds_run = 0.0;
   while (state.step < cfg.train.train_steps) {

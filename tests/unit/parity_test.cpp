@@ -249,6 +249,18 @@ TEST(Resume3D, CbLepAndPowerSgdStateTravelWithTheCheckpoint) {
 
 void check_optimus_cc_results(const std::vector<TrainSummary>& out);
 
+// SC auto: the calibration step decides from measured times (so the choice itself is not asserted),
+// leaves the run's state alone, and a resumed run keeps the stored choice: bit-identical.
+TEST(Resume3D, ScAutoChoiceTravelsWithTheCheckpoint) {
+  auto [full, resumed] = full_and_resumed({1, 2, 2}, [](Config& c) {
+    c.compression.dp.name = "powersgd";
+    c.compression.dp.options = YAML::Load("{rank: 2, warmup_steps: 0}");
+    c.compression.dp_stages = "auto";
+  });
+  ASSERT_EQ(resumed.size(), 2u);
+  EXPECT_EQ(resumed, full);
+}
+
 // Optimus-CC on TP2 x PP2 x DP2: CB (rank 4, epilogue-only, LEP), FE and SC (PowerSGD on stage 0
 // only). Measured bytes per class follow the closed forms; the tied copies stay identical; the
 // per-step records land in the results file.
