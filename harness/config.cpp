@@ -184,6 +184,17 @@ void validate_compression(const Config& c) {
     fail("compression.tp", "'" + k.tp.name + "'", "tensor-parallel all-reduces support none, fp16 or bf16",
          "use one of them (the paper never compresses TP traffic, spec §9)");
   }
+  if (c.log.lep_orthogonality) {  // spec §3.3: the Fig. 11 check needs CB on every backward send
+    if (k.pipeline_backward.name == "none" || k.lep == "off") {
+      fail("log.lep_orthogonality", "true", "the Fig. 11 check compares LEP errors, so it needs compression.pipeline_backward "
+           "and compression.lep other than off", "set pipeline_backward: lowrank (scheme cb), or turn the check off");
+    }
+    if (k.backward_phases == "epilogue") {
+      fail("log.lep_orthogonality", "true", "under backward_phases: epilogue the last stage compresses one micro-batch "
+           "per step, so no successive pair (j, j+1) exists (the reference forbids it too, spec §3.3)",
+           "set compression.backward_phases: all for the Fig. 11 run (e.g. experiments/schemes/fig11-mini-3d.yaml)");
+    }
+  }
   if (k.tp.options && k.tp.options.size() > 0) {
     fail("compression.tp", to_yaml_value(k.tp), "the cast compressors take no options", "give only the name");
   }

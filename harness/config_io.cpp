@@ -309,7 +309,14 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     apply_document(cfg, root, path);
     cfg.source_path = path;
   }
-  for (const auto& o : overrides) apply_override(cfg, o);
+  // A scheme resets the compression section, so --set compression.scheme goes first whatever
+  // its position on the command line (as `scheme:` does inside a file).
+  for (const auto& o : overrides) {
+    if (o.rfind("compression.scheme=", 0) == 0) apply_override(cfg, o);
+  }
+  for (const auto& o : overrides) {
+    if (o.rfind("compression.scheme=", 0) != 0) apply_override(cfg, o);
+  }
   return cfg;
 }
 

@@ -1,5 +1,7 @@
 #include "harness/run_info.h"
 
+#include "optcc_git_rev.h"  // generated at build time (cmake/git_rev.cmake)
+
 #include <torch/torch.h>
 #include <unistd.h>
 

@@ -569,6 +569,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
   }
   const auto all_dp_names = gather_names(d, grad_sync.dp_tensor_names());
   const auto sc_stages = [&] {  // which stages compress DP gradients (SC), for the log and results
+    if (comp.dp.name == "none") return std::string("all raw");
     std::string out;
     for (int k = 0; k < stages; ++k) out += fmt::format("{}{}", out.empty() ? "" : ",", sc_compress[k] ? "c" : "raw");
     return out;
@@ -619,7 +620,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}; results -> {}",
                  cfg.train.train_steps, cfg.train.global_batch_size, m, cfg.train.micro_batch_size,
                  at::get_num_threads(), summary.results_path);
-    spdlog::info("compression{}: dp={} on stages [{}], embedding={}{}, pipeline fwd={} bwd={} ({}, lep {}), tp={}",
+    spdlog::info("compression{}: dp={} (stages c = compressed: [{}]), embedding={}{}, pipeline fwd={} bwd={} ({}, lep {}), tp={}",
                  comp.scheme.empty() ? "" : " (scheme " + comp.scheme + ")", to_yaml_value(comp.dp), sc_stages,
                  to_yaml_value(comp.embedding), comp.fused_embedding ? " fused (FE)" : "",
                  to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases,
@@ -629,6 +630,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
   auto run_eval = [&](int64_t step) {
     if (!data.valid) return;  // empty validation split (the same on every rank)
     const double loss = evaluate(model, cfg, d, link, data.valid.get());
+    d.meter.reset();  // /traffic is per training step: evaluation's messages are not counted
     const double ppl = std::exp(std::min(20.0, loss));
     summary.eval_losses.push_back(loss);
     if (sink) {

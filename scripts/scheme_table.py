@@ -3,10 +3,11 @@
 
   scheme_table.py RUN.h5 [RUN.h5 ...] [--json]
 
-One row per file: the scheme (root attribute compression_scheme), steps, final validation loss and
-perplexity, the perplexity relative to the first file (the baseline), and the bytes ALL ranks sent
-per training step by traffic class (mean over the steps after the first), the LEP buffer memory
-per rank, the mean |cos| of the Fig. 11 diagnostic when it was recorded, and the mean step time.
+One row per file: the run (its scheme, root attribute compression_scheme, or else the file name),
+steps, final validation loss and perplexity, the perplexity relative to the FIRST file given (put
+the baseline first), the bytes ALL ranks sent per training step by traffic class (mean over the
+steps after the first; evaluation is not counted), the largest LEP buffer memory of a rank, the
+mean absolute cosine of the Fig. 11 diagnostic when it was recorded, and the mean step time (s).
 Needs h5py and numpy (/usr/bin/python3 on Debian after `make deps`).
 """
 import argparse
@@ -29,7 +30,10 @@ def attr(f, name, default=""):
 
 def summarise(path):
     with h5py.File(path, "r") as f:
-        row = {"file": path, "scheme": attr(f, "compression_scheme", "?")}
+        scheme = attr(f, "compression_scheme", "(none)")
+        if scheme == "(none)":  # no named scheme: tell runs apart by their file name
+            scheme = path.rsplit("/", 1)[-1].removesuffix(".h5")
+        row = {"file": path, "scheme": scheme}
         steps = f["train/step"][:]
         row["steps"] = int(steps[-1]) if len(steps) else 0
         row["val_loss"] = float(f["eval/loss"][-1])
@@ -61,7 +65,7 @@ def main():
         print(json.dumps(rows, indent=2))
         return
     head = ["scheme", "steps", "val loss", "val ppl", "ppl vs 1st"] + [f"{c} MB/step" for c in CLASSES] + \
-           ["LEP B/rank", "mean |cos| (Fig. 11)", "s/step"]
+           ["LEP B/rank", "mean abs cos (Fig. 11)", "s/step"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:

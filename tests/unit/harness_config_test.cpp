@@ -268,6 +268,16 @@ TEST(Config, SchemesSetThePaperRowsAndExplicitKeysOverrideThem) {
   EXPECT_EQ(sc.compression.dp_stages, "3");
   EXPECT_EQ(sc.compression.lep, "lazy");
   EXPECT_EQ(load_config("", {"compression.scheme=cb_nonlep"}).compression.lep, "off");
+  // --set compression.scheme applies first wherever it stands, as inside a file.
+  EXPECT_EQ(load_config("", {"compression.lep=off", "compression.scheme=cb"}).compression.lep, "off");
+  // The Fig. 11 check needs CB with LEP on every backward send (spec §3.3).
+  Config fig11 = load_config("", {"compression.scheme=cb", "log.lep_orthogonality=true"});
+  fig11.model.vocab_size = 100;
+  EXPECT_THAT(validate_error(fig11), HasSubstr("backward_phases: all"));
+  fig11.compression.backward_phases = "all";
+  EXPECT_EQ(validate_error(fig11), "");
+  fig11.compression.lep = "off";
+  EXPECT_THAT(validate_error(fig11), HasSubstr("log.lep_orthogonality = true"));
   Config base = load_config("", {"compression.scheme=cb", "compression.scheme=baseline"});  // resets
   base.compression.scheme = "";
   EXPECT_EQ(to_yaml(base), to_yaml(Config{}));

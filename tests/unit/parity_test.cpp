@@ -277,7 +277,6 @@ TEST(OptimusCc, BytesPerClassTiedCopiesAndRecords) {
   cfg.compression.dp.name = "powersgd";
   cfg.compression.dp.options = YAML::Load("{rank: 2, warmup_steps: 0}");
   cfg.compression.dp_stages = "1";
-  cfg.log.lep_orthogonality = true;
   TrainOptions opt;
   opt.quiet = true;
   opt.keep_parameters = true;
@@ -292,6 +291,35 @@ TEST(OptimusCc, BytesPerClassTiedCopiesAndRecords) {
     check_optimus_cc_results(out);
   } catch (const H5::Exception& e) {
     FAIL() << "HDF5: " << e.getFuncName() << ": " << e.getDetailMsg();
+  }
+}
+
+// Fig. 11 (spec §3.3) with CB on every backward send: per step, each last-stage rank records one
+// row per successive pair (j, j+1) of its m micro-batches, on its own TP slice, |cos| <= 1.
+TEST(OptimusCc, Fig11SeriesOnTheLastStage) {
+  testing::TempDir dir;
+  testing::write_synthetic_corpus(dir / "corpus", 64, 300);
+  Config cfg = parity_config(dir, {2, 2, 1});
+  cfg.train.train_steps = 2;  // m = 8 / (2 * 1) = 4 micro-batches
+  cfg.compression.pipeline_backward.name = "lowrank";
+  cfg.compression.pipeline_backward.options = YAML::Load("{rank: 2}");
+  cfg.log.lep_orthogonality = true;
+  TrainOptions opt;
+  opt.quiet = true;
+  std::vector<TrainSummary> out(4);
+  testing::run_layout({2, 2, 1}, [&](int rank, Distributed& dist) { out[rank] = run_training(cfg, opt, dist); });
+  H5::H5File f(out[0].results_path, H5F_ACC_RDONLY);
+  const auto rank = read_column(f, "/lep_orthogonality/rank"), mb = read_column(f, "/lep_orthogonality/microbatch");
+  ASSERT_EQ(rank.size(), 2u * 2 * 3);  // steps x last-stage ranks x pairs
+  for (size_t i = 0; i < rank.size(); ++i) {
+    EXPECT_GE(rank[i], 2);  // ranks 2, 3: stage 1
+    EXPECT_LT(mb[i], 3);
+  }
+  std::vector<double> cosine(rank.size());
+  f.openDataSet("/lep_orthogonality/cosine").read(cosine.data(), H5::PredType::NATIVE_DOUBLE);
+  for (double c : cosine) {
+    EXPECT_LE(std::abs(c), 1.0 + 1e-9);
+    EXPECT_GT(std::abs(c), 0.0);  // a real dot product of a lossy error with a real difference
   }
 }
 

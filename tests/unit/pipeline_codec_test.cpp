@@ -238,6 +238,30 @@ TEST(PipelineCodecLink, EveryCodecDeliversItsDecodeAndItsPayloadBytes) {
             4 * 3 * (slice / kH + kH));
 }
 
+// Spec §10 item 5: a 16-bit link still sends lowrank's P̂ and Q in fp32 and allocates fp32
+// receive buffers for them (the reference received them into params-dtype buffers).
+TEST(PipelineCodecLink, SixteenBitLinkSendsFp32FactorsAndDeliversItsOwnDtype) {
+  const std::vector<int64_t> shape{kS, kB, kH};
+  const torch::Tensor x = torch::linspace(-1, 1, kS * kB * kH).view(shape).cos().to(torch::kBFloat16);
+  std::vector<TrafficMeter> meters(2);
+  torch::Tensor got;
+  run_ranks(2, [&](const RankContext& ctx) {
+    auto pp = ctx.group({0, 1}, "pp", &meters[ctx.rank], Link::kInterNode);
+    StageLink link(*pp, nullptr, {shape, shape}, torch::kBFloat16, cb(4, kH, BackwardPhases::kAll, LepMode::kLazy));
+    if (ctx.rank == 1) {
+      link.send_backward(x, 0);
+    } else {
+      got = link.recv_backward(0);
+    }
+  });
+  ASSERT_EQ(got.scalar_type(), torch::kBFloat16);
+  auto ref = make_act_codec("lowrank", opts({{"rank", 4}, {"hidden", kH}}));
+  const torch::Tensor flat = x.reshape({-1}).to(torch::kFloat);
+  const torch::Tensor expect = ref->decode(ref->encode(flat), flat.numel()).to(torch::kBFloat16).view(shape);
+  EXPECT_TRUE(torch::equal(got, expect));
+  EXPECT_EQ(meters[1].at(Traffic::kPipelineBackward, Link::kInterNode).bytes, 4 * 4 * (kS * kB + kH));
+}
+
 // ---- CB at full rank reproduces the uncompressed pipeline step -------------------------------
 
 class Chain : public StageFunctions {  // two stages of tanh layers on [s, b, h]
