@@ -6,7 +6,10 @@
 // the model is built; LibTorch propagates it to its intra-op and autograd threads. CPU tensors
 // report through the default CPU allocator; CUDA tensors through the caching allocator (its
 // "allocated" figure). Memory allocated before install() is not seen (a warning from LibTorch
-// may say so once, when such a block is freed). Not thread-safe across ranks-as-threads: the CPU
+// may say so once, when such a block is freed). Caveat, measured on CPU: a block allocated on a
+// reporting thread but freed on a thread without the reporter (e.g. a Gloo worker after an async
+// send) is never subtracted, so allocated() drifts upward over a run and absolute peaks are upper
+// bounds; differences over a short window (the activation peak of one schedule) are reliable. Not thread-safe across ranks-as-threads: the CPU
 // allocator keeps one process-wide total, so tests with several ranks in one process see the sum.
 #pragma once
 

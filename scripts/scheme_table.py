@@ -41,7 +41,9 @@ def summarise(path):
         row["step_seconds"] = float(np.mean(f["train/step_seconds"][1:])) if len(steps) > 1 else float("nan")
         t = f["traffic"]
         tstep, tcls, tbytes = t["step"][:], t["class"][:], t["bytes"][:]
-        later = tstep > 1
+        # Steps after the first; also leave out the step after each evaluation (files written
+        # before evaluation traffic was excluded from /traffic counted it there).
+        later = (tstep > 1) & ~np.isin(tstep, f["eval/step"][:] + 1)
         n = max(1, len(np.unique(tstep[later])))
         for i, c in enumerate(CLASSES):
             row[f"{c}_MB_per_step"] = float(tbytes[later & (tcls == i)].sum()) / n / 1e6
