@@ -12,6 +12,7 @@
 #include "compression/orthogonalize.h"
 #include "compression/powersgd.h"
 #include "tests/support/gloo_ranks.h"
+#include "tests/support/reducer_support.h"
 
 namespace optcc {
 namespace {
@@ -19,31 +20,16 @@ namespace {
 using testing::RankContext;
 using testing::run_ranks;
 
-torch::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return torch::randn(shape, gen, torch::kFloat);
-}
+using testing::clone_all;
+using testing::expect_identical_on_all_ranks;
+using testing::gather_all;
+
+torch::Tensor randn(std::vector<int64_t> shape, uint64_t seed) { return testing::seeded_randn(shape, seed); }
 
 // A stage's gradients: two compressible matrices (rank 4), a bias, a 3-D tensor sent raw.
 std::vector<torch::Tensor> make_grads(int rank, int64_t step) {
   const uint64_t s = 1000 * rank + 10 * step;
   return {randn({32, 16}, s + 1), randn({16}, s + 2), randn({8, 4, 3}, s + 3), randn({64, 48}, s + 4)};
-}
-
-std::vector<torch::Tensor> clone_all(const std::vector<torch::Tensor>& ts) {
-  std::vector<torch::Tensor> out;
-  for (const auto& t : ts) out.push_back(t.clone());
-  return out;
-}
-
-// Every rank's flattened gradients, [world, Σ numel] fp32.
-torch::Tensor gather_all(Communicator& comm, const std::vector<torch::Tensor>& grads) {
-  return comm.all_gather(flatten_fp32(grads).unsqueeze(0), Traffic::kControl, 0);
-}
-
-void expect_identical_on_all_ranks(Communicator& comm, const std::vector<torch::Tensor>& grads) {
-  auto all = gather_all(comm, grads);
-  for (int r = 1; r < comm.size(); ++r) EXPECT_TRUE(torch::equal(all[r], all[0])) << "rank " << r << " differs";
 }
 
 PowerSgdOptions psgd(int64_t rank, std::string ef = "averaged") {

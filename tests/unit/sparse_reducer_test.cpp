@@ -10,6 +10,7 @@
 #include "compression/grad_reducer.h"
 #include "compression/sparse_reducers.h"
 #include "tests/support/gloo_ranks.h"
+#include "tests/support/reducer_support.h"
 
 namespace optcc {
 namespace {
@@ -17,10 +18,9 @@ namespace {
 using testing::RankContext;
 using testing::run_ranks;
 
-torch::Tensor randn(std::vector<int64_t> shape, uint64_t seed) {
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return torch::randn(shape, gen, torch::kFloat);
-}
+using testing::clone_all;
+
+torch::Tensor randn(std::vector<int64_t> shape, uint64_t seed) { return testing::seeded_randn(shape, seed); }
 
 // A stage's gradients: 512, 13, 105 and 3072 elements (odd sizes: partial bit bytes and buckets).
 std::vector<torch::Tensor> make_grads(int rank, int64_t step) {
@@ -28,20 +28,9 @@ std::vector<torch::Tensor> make_grads(int rank, int64_t step) {
   return {randn({32, 16}, s + 1), randn({13}, s + 2), randn({7, 5, 3}, s + 3), randn({64, 48}, s + 4)};
 }
 
-std::vector<torch::Tensor> clone_all(const std::vector<torch::Tensor>& ts) {
-  std::vector<torch::Tensor> out;
-  for (const auto& t : ts) out.push_back(t.clone());
-  return out;
-}
-
 // Every rank's `t` flattened, [world, numel] fp32 (Traffic::kControl: not counted as DP).
 torch::Tensor gather_rows(Communicator& comm, const torch::Tensor& t) {
   return comm.all_gather(t.reshape({1, -1}).to(torch::kFloat), Traffic::kControl, 0);
-}
-
-void expect_same_bits_on_all_ranks(Communicator& comm, const std::vector<torch::Tensor>& grads) {
-  auto all = gather_rows(comm, flatten_fp32(grads));
-  for (int r = 1; r < comm.size(); ++r) EXPECT_TRUE(torch::equal(all[r], all[0])) << "rank " << r << " differs";
 }
 
 std::unique_ptr<ElementwiseReducer> make(const std::string& kind, const std::string& yaml = "{}") {
@@ -119,7 +108,7 @@ TEST_P(SparseReducers, ErrorFeedbackIsConservedAndTheOutputIsTheMeanOfDecodedMes
           for (int r = 1; r < n; ++r) mean.add_(rows[r]);
           EXPECT_TRUE(torch::allclose(g[i].reshape({-1}), mean.div_(n), 1e-6, 1e-6)) << spec << " step " << step;
         }
-        expect_same_bits_on_all_ranks(*comm, g);
+        testing::expect_identical_on_all_ranks(*comm, g);
       }
     }
   });
@@ -216,7 +205,7 @@ TEST_P(SparseReducers, HalfGradientsUseFp32InternalsAndStayIdentical) {
           EXPECT_EQ(g[i].scalar_type(), dtype);
           EXPECT_EQ(red->error(i).scalar_type(), torch::kFloat) << kind;
         }
-        expect_same_bits_on_all_ranks(*comm, g);
+        testing::expect_identical_on_all_ranks(*comm, g);
       }
     }
   });
@@ -345,7 +334,7 @@ TEST(ElementwiseReducer, TensorsGoRawExactlyWhenCompressionSavesNoBytes) {
         auto all = gather_rows(*comm, in[i]);
         EXPECT_TRUE(torch::equal(g[i], (all[0] + all[1]).div(2).view_as(g[i])));  // exact mean (2 ranks)
       }
-      expect_same_bits_on_all_ranks(*comm, g);
+      testing::expect_identical_on_all_ranks(*comm, g);
     }
   });
 }
