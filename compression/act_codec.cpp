@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "compression/codecs.h"
+#include "compression/options.h"
 
 namespace optcc {
 
@@ -101,13 +102,7 @@ class OptionReader {
   bool has(const std::string& key) const { return node_.IsMap() && node_[key].IsDefined(); }
   template <typename T>
   T get(const std::string& key, T fallback) const {
-    if (!has(key)) return fallback;
-    try {
-      return node_[key].as<T>();
-    } catch (const YAML::Exception&) {
-      throw std::invalid_argument(fmt::format("{} codec: option '{}' has a bad value '{}'",
-                                              codec_, key, YAML::Dump(node_[key])));
-    }
+    return option_value<T>(node_, codec_ + " codec", key, fallback);  // compression/options.h
   }
   template <typename T>
   T require(const std::string& key, const std::string& why) const {

@@ -5,20 +5,15 @@
 
 #include <algorithm>
 
+#include "compression/options.h"
 #include "compression/orthogonalize.h"
 
 namespace optcc {
 namespace {
 
 template <class T>
-T option(const YAML::Node& options, const char* key, T fallback, const char* type) {
-  if (!options || options.IsNull() || !options[key]) return fallback;
-  try {
-    return options[key].as<T>();
-  } catch (const YAML::Exception&) {
-    throw std::invalid_argument(fmt::format("powersgd: option '{}' must be {}, got '{}'", key, type,
-                                            YAML::Dump(options[key])));
-  }
+T option(const YAML::Node& options, const char* key, T fallback, const char*) {
+  return option_value<T>(options, "powersgd", key, fallback);  // strict: compression/options.h
 }
 
 }  // namespace

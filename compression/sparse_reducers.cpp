@@ -1,5 +1,7 @@
 #include "compression/sparse_reducers.h"
 
+#include "compression/options.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
@@ -14,13 +16,8 @@ namespace {
 // ---- options ----------------------------------------------------------------------------------
 
 template <class T>
-T option(const YAML::Node& o, const char* who, const char* key, T fallback, const char* type) {
-  if (!o || o.IsNull() || !o[key]) return fallback;
-  try {
-    return o[key].as<T>();
-  } catch (const YAML::Exception&) {
-    throw std::invalid_argument(fmt::format("{}: option '{}' must be {}, got '{}'", who, key, type, YAML::Dump(o[key])));
-  }
+T option(const YAML::Node& o, const char* who, const char* key, T fallback, const char*) {
+  return option_value<T>(o, who, key, fallback);  // strict: compression/options.h
 }
 
 template <class T>

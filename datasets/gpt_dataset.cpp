@@ -37,8 +37,10 @@ std::vector<double> parse_split_weights(const std::string& split) {
     const std::string piece = trim(split.substr(start, end == std::string::npos ? std::string::npos : end - start));
     if (piece.empty()) bad_split(split, "empty weight");
     char* stop = nullptr;
-    const double w = std::strtod(piece.c_str(), &stop);
-    if (*stop != '\0') bad_split(split, fmt::format("'{}' is not a number", piece));
+    const double w = std::strtod(piece.c_str(), &stop);  // decimal only: strtod alone takes 0x1p3, nan, inf
+    if (*stop != '\0' || piece.find_first_not_of("0123456789.eE+-") != std::string::npos) {
+      bad_split(split, fmt::format("'{}' is not a decimal number", piece));
+    }
     if (!std::isfinite(w) || w < 0) bad_split(split, fmt::format("weight {} is negative or not finite", piece));
     weights.push_back(w);
     if (end == std::string::npos) break;

@@ -3,11 +3,13 @@
 
 #include "compression/act_codec.h"
 #include "compression/grad_reducer.h"
+#include "compression/options.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include <filesystem>
 #include <numeric>
@@ -224,9 +226,26 @@ void validate_rest(const Config& c) {
                                   "must be >= 0", "use 0 to keep all");
 }
 
+// Every floating-point key, whatever set it (a file, --set, code): NaN and infinities are refused
+// (the YAML reader already refuses them, compression/options.h; this covers programmatic configs).
+void validate_finite(const Config& const_cfg) {
+  Config c = const_cfg;  // visit() is non-const by design
+  for_each_section(c, [](const char* sec, auto& section) {
+    section.visit([&](const char* key, auto& field) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, double>) {
+        if (!std::isfinite(field)) {
+          fail(fmt::format("{}.{}", sec, key), fmt::format("{}", field), "must be a finite number",
+               "give a finite value (NaN and infinities are never valid settings)");
+        }
+      }
+    });
+  });
+}
+
 }  // namespace
 
 void Config::validate(int64_t world_size) const {
+  validate_finite(*this);
   validate_model(*this);
   validate_parallel(*this, world_size);
   validate_train(*this);
@@ -284,13 +303,8 @@ int64_t sc_way(const Config& c) {
   if (v == "all") return c.parallel.pp;
   if (v == "auto") return -1;
   int64_t way = 0;
-  size_t used = 0;
-  try {
-    way = std::stoll(v, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used != v.size() || way < 1) {
+  std::string why;  // the same integer rules as every config value (compression/options.h)
+  if (!parse_integer_text(v, way, why) || way < 1) {
     fail("compression.dp_stages", "'" + v + "'", "must be all, auto or a positive integer way",
          "use all, auto, or e.g. 3 to compress stages 0..2 (spec §6.5)");
   }

@@ -10,17 +10,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "compression/options.h"
 #include "harness/config.h"
 #include "models/presets.h"
 
 namespace optcc {
 namespace {
 
-template <class T> const char* type_name();
-template <> const char* type_name<int64_t>() { return "an integer"; }
-template <> const char* type_name<double>() { return "a number"; }
-template <> const char* type_name<bool>() { return "a boolean (true/false)"; }
-template <> const char* type_name<std::string>() { return "a string"; }
+template <class T> const char* type_name() { return scalar_type_name<T>(); }
 template <> const char* type_name<std::vector<std::string>>() { return "a list of strings"; }
 template <> const char* type_name<std::vector<int64_t>>() { return "a list of integers"; }
 template <> const char* type_name<CompressorSpec>() {
@@ -53,29 +50,14 @@ std::string node_text(const YAML::Node& n) {
   return e.c_str();
 }
 
-// Parses `n` into `out` or returns false. Strict: 1.5 is not an integer, "yes" is not a number.
-bool parse(const YAML::Node& n, std::string& out) {
-  if (n.IsNull()) { out.clear(); return true; }
-  if (!n.IsScalar()) return false;
-  out = n.Scalar();
-  return true;
-}
-bool parse(const YAML::Node& n, int64_t& out) {
-  if (!n.IsScalar()) return false;
-  try { out = n.as<int64_t>(); return true; } catch (const YAML::Exception&) { return false; }
-}
-bool parse(const YAML::Node& n, double& out) {
-  if (!n.IsScalar()) return false;
-  try { out = n.as<double>(); return true; } catch (const YAML::Exception&) { return false; }
-}
-bool parse(const YAML::Node& n, bool& out) {
-  if (!n.IsScalar()) return false;
-  const std::string& s = n.Scalar();
-  if (s == "true" || s == "True") { out = true; return true; }
-  if (s == "false" || s == "False") { out = false; return true; }
-  return false;
-}
-bool parse(const YAML::Node& n, CompressorSpec& out) {
+// Parses `n` into `out` or returns false with `why` (the rule broken, or ""). Scalars go through
+// compression/options.h, the one strict reader of every numeric value: decimal integers (`010` is
+// 10, hex refused), finite numbers only (NaN and infinities refused), true/false booleans.
+bool parse(const YAML::Node& n, std::string& out, std::string& why) { return read_scalar(n, out, why); }
+bool parse(const YAML::Node& n, int64_t& out, std::string& why) { return read_scalar(n, out, why); }
+bool parse(const YAML::Node& n, double& out, std::string& why) { return read_scalar(n, out, why); }
+bool parse(const YAML::Node& n, bool& out, std::string& why) { return read_scalar(n, out, why); }
+bool parse(const YAML::Node& n, CompressorSpec& out, std::string& why) {
   if (n.IsScalar()) {
     out.name = n.Scalar();
     out.options.reset(YAML::Node(YAML::NodeType::Map));
@@ -89,12 +71,15 @@ bool parse(const YAML::Node& n, CompressorSpec& out) {
   }
   return true;
 }
-template <class T> bool parse(const YAML::Node& n, std::vector<T>& out) {
+template <class T> bool parse(const YAML::Node& n, std::vector<T>& out, std::string& why) {
   if (n.IsNull()) { out.clear(); return true; }
   if (!n.IsSequence()) return false;
   std::vector<T> tmp(n.size());
   for (size_t i = 0; i < n.size(); ++i) {
-    if (!n[i].IsScalar() || !parse(n[i], tmp[i])) return false;
+    if (!n[i].IsScalar() || !parse(n[i], tmp[i], why)) {
+      why = fmt::format("element {} = {}{}", i, node_text(n[i]), why.empty() ? "" : ": " + why);
+      return false;
+    }
   }
   out = std::move(tmp);
   return true;
@@ -172,12 +157,13 @@ void set_field(S& section, const std::string& sec, const std::string& key, const
     if (key != k) return;
     found = true;
     using T = std::decay_t<decltype(field)>;
-    if (!parse(n, field)) {
+    std::string why;
+    if (!parse(n, field, why)) {
       throw ConfigError(fmt::format(
-          "config error ({}): {}.{} = {} is not {}; the current value is {}. Fix: give {}, "
+          "config error ({}): {}.{} = {} is not {}{}; the current value is {}. Fix: give {}, "
           "e.g. `{}: {}`.",
-          where, sec, key, node_text(n), type_name<T>(), format_value(T{field}), type_name<T>(), key,
-          format_value(T{field})));
+          where, sec, key, node_text(n), type_name<T>(), why.empty() ? "" : " (" + why + ")",
+          format_value(T{field}), type_name<T>(), key, format_value(T{field})));
     }
   });
   if (!found) {
@@ -212,14 +198,14 @@ void set_key(Config& cfg, const std::string& sec, const std::string& key, const 
     if (sec != name) return;
     found = true;
     if (sec == "model" && key == "preset") {
-      std::string preset;
-      if (!parse(n, preset)) set_field(section, sec, key, n, where);  // throws the type error
+      std::string preset, why;
+      if (!parse(n, preset, why)) set_field(section, sec, key, n, where);  // throws the type error
       apply_preset(cfg, preset, where);
       return;
     }
     if (sec == "compression" && key == "scheme") {
-      std::string scheme;
-      if (!parse(n, scheme)) set_field(section, sec, key, n, where);  // throws the type error
+      std::string scheme, why;
+      if (!parse(n, scheme, why)) set_field(section, sec, key, n, where);  // throws the type error
       try {
         apply_compression_scheme(cfg.compression, scheme);
       } catch (const ConfigError& e) {

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "datasets/cli_integer.h"
 #include "harness/bench.h"
 #include "harness/comm_check.h"
 #include "harness/config.h"
@@ -116,17 +117,17 @@ int main(int argc, char** argv) {
   auto* bench_step_cmd = bench->add_subcommand("step", "time the training step; compare with fp32 GEMM speed");
   add_config(bench_step_cmd);
   int64_t bench_steps = 10, bench_warmup = 2, bench_threads = 1;
-  bench_step_cmd->add_option("--steps", bench_steps, "timed steps (median reported)");
-  bench_step_cmd->add_option("--warmup", bench_warmup, "untimed steps first");
-  bench_step_cmd->add_option("--threads", bench_threads, "intra-op threads (0 = config's)");
+  bench_step_cmd->add_option("--steps", bench_steps, "timed steps (median reported)")->transform(decimal_integer());
+  bench_step_cmd->add_option("--warmup", bench_warmup, "untimed steps first")->transform(decimal_integer());
+  bench_step_cmd->add_option("--threads", bench_threads, "intra-op threads (0 = config's)")->transform(decimal_integer());
 
   auto* comm_check = app.add_subcommand("comm-check", "check a launch: rendezvous, every group, p2p");
   add_config(comm_check);
   int nproc = 1;
-  comm_check->add_option("--nproc", nproc, "local ranks to fork (omit under srun/torchrun)");
-  train->add_option("--nproc", nproc, "local ranks to fork (omit under srun/torchrun)");
+  comm_check->add_option("--nproc", nproc, "local ranks to fork (omit under srun/torchrun)")->transform(decimal_integer());
+  train->add_option("--nproc", nproc, "local ranks to fork (omit under srun/torchrun)")->transform(decimal_integer());
   CommCheckOptions check_opts;
-  comm_check->add_option("--die-rank", check_opts.die_rank, "test hook: this rank kills itself");
+  comm_check->add_option("--die-rank", check_opts.die_rank, "test hook: this rank kills itself")->transform(decimal_integer());
 
   auto* config_cmd = app.add_subcommand("config", "configuration");
   config_cmd->require_subcommand(1);
@@ -139,11 +140,13 @@ int main(int argc, char** argv) {
   int64_t traffic_world = 0;
   bool traffic_json = false;
   TrafficModelOptions traffic_opts;
-  traffic->add_option("--world", traffic_world, "GPUs: sets parallel.dp = N / (tp * pp) (default: tp*pp*dp)");
+  traffic->add_option("--world", traffic_world, "GPUs: sets parallel.dp = N / (tp * pp) (default: tp*pp*dp)")
+      ->transform(decimal_integer());
   traffic->add_flag("--json", traffic_json, "machine-readable output (bytes)");
   traffic->add_flag("--recompute", traffic_opts.recompute,
                     "k_TP = 6: full activation recomputation, as the paper's runs (optcc does not recompute)");
-  traffic->add_option("--element-bytes", traffic_opts.element_bytes, "β: bytes per activation/gradient element (4 fp32, 2 for 16-bit)");
+  traffic->add_option("--element-bytes", traffic_opts.element_bytes, "β: bytes per activation/gradient element (4 fp32, 2 for 16-bit)")
+      ->transform(decimal_integer());
   traffic->add_flag("--reference-powersgd", traffic_opts.reference_powersgd,
                     "DP PowerSGD compresses every >=2-D gradient, as the reference (min_compression_rate 0)");
 

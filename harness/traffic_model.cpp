@@ -12,6 +12,7 @@
 
 #include "compression/act_codec.h"
 #include "compression/grad_reducer.h"
+#include "compression/options.h"
 #include "compression/powersgd.h"
 #include "harness/schedule.h"
 #if __has_include("compression/sparse_reducers.h")
@@ -83,8 +84,7 @@ ReducerBytes elementwise_bytes(const Registry<GradReducer>& registry, const Comp
   auto reducer = registry.create(spec.name, spec.options);
   const auto* ew = dynamic_cast<const ElementwiseReducer*>(reducer.get());
   if (!ew) return {false, 0, fmt::format("DP reducer '{}' is not an element-wise reducer", spec.name)};
-  int64_t min_numel = 0;
-  if (spec.options && spec.options.IsMap() && spec.options["min_numel"]) min_numel = spec.options["min_numel"].as<int64_t>();
+  const int64_t min_numel = option_value<int64_t>(spec.options, spec.name, "min_numel", 0);
   int64_t compressed = 0, raw = 0;
   for (const auto& s : shapes) {
     const int64_t numel = product(s);
