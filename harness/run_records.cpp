@@ -3,10 +3,24 @@
 
 #include <sys/resource.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 namespace optcc {
+
+Perplexity perplexity(double loss) {
+  if (std::isnan(loss)) return {loss, false};  // std::min(cap, NaN) would return the cap
+  const bool capped = loss > kPerplexityLossCap;
+  return {std::exp(capped ? kPerplexityLossCap : loss), capped};
+}
+
+std::string eval_text(double loss, const Perplexity& ppl) {
+  return fmt::format("valid loss {:.4f} | ppl {}{:.2f}{}", loss, ppl.capped ? "> " : "", ppl.value,
+                     ppl.capped ? " (capped)" : "");
+}
 
 std::vector<TableSpec> result_tables() {
   return {
@@ -17,7 +31,13 @@ std::vector<TableSpec> result_tables() {
         {"grad_norm", ColumnType::kFloat64, ""},
         {"step_seconds", ColumnType::kFloat64, "s"},
         {"tokens_per_second", ColumnType::kFloat64, "tokens/s"}}},
-      {"eval", {{"step", ColumnType::kInt64, "steps"}, {"loss", ColumnType::kFloat64, "nats"}, {"ppl", ColumnType::kFloat64, ""}}},
+      // ppl = exp(min(loss, 20)); ppl_capped = 1 where the loss exceeded the cap (ppl is then a lower
+      // bound); a NaN loss has a NaN ppl.
+      {"eval",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"loss", ColumnType::kFloat64, "nats"},
+        {"ppl", ColumnType::kFloat64, ""},
+        {"ppl_capped", ColumnType::kInt64, ""}}},
       // One row per (step, rank, class, link) with traffic in that step. class: 0 tp, 1 pp_fwd,
       // 2 pp_bwd, 3 dp, 4 embedding, 5 control; link: 0 intra-node, 1 inter-node.
       {"traffic",

@@ -25,6 +25,19 @@ namespace optcc {
 /// memory_components, lep_orthogonality (columns and units documented in run_records.cpp).
 std::vector<TableSpec> result_tables();
 
+/// Validation perplexity exp(loss), capped at exp(kPerplexityLossCap) so a diverged run does not
+/// print inf; a capped value says so (`capped`, the eval table's `ppl_capped` column, the log line).
+/// NaN in, NaN out: a NaN loss is never shown with a finite perplexity (issue 9, item 8).
+constexpr double kPerplexityLossCap = 20.0;  // nats; exp(20) ~ 4.85e8
+struct Perplexity {
+  double value;  // exp(min(loss, cap)); NaN when loss is NaN
+  bool capped;   // loss > kPerplexityLossCap (value is exp(cap), a lower bound)
+};
+Perplexity perplexity(double loss);
+/// The eval progress text: "valid loss 2.3026 | ppl 10.00", "... | ppl > 485165195.41 (capped)",
+/// "valid loss nan | ppl nan".
+std::string eval_text(double loss, const Perplexity& ppl);
+
 /// This process's peak resident set size, bytes.
 int64_t peak_rss_bytes();
 

@@ -430,13 +430,13 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     if (!data.valid) return;  // empty validation split (the same on every rank)
     const double loss = evaluate(model, cfg, d, link, data.valid.get());
     d.meter.reset();  // /traffic is per training step: evaluation's messages are not counted
-    const double ppl = std::exp(std::min(20.0, loss));
+    const Perplexity ppl = perplexity(loss);  // NaN stays NaN; a capped value is marked
     summary.eval_losses.push_back(loss);
     if (sink) {
-      sink->append("eval", {step, loss, ppl});
+      sink->append("eval", {step, loss, ppl.value, int64_t{ppl.capped}});
       sink->flush();
     }
-    if (!quiet) spdlog::info("eval  step {:>6} | valid loss {:.4f} | ppl {:.2f}", step, loss, ppl);
+    if (!quiet) spdlog::info("eval  step {:>6} | {}", step, eval_text(loss, ppl));
   };
 
   if (state.step == 0) run_eval(0);  // the untrained model's loss (about ln V) anchors the curve
