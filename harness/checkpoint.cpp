@@ -29,6 +29,16 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
+// The step of a checkpoint directory name "iter_<digits>", or nullopt for any other name.
+std::optional<int64_t> iter_step(const std::string& name) {
+  constexpr size_t kPrefix = 5;  // "iter_"
+  if (name.rfind("iter_", 0) != 0 || name.size() == kPrefix || name.size() > kPrefix + 18) return std::nullopt;
+  for (size_t i = kPrefix; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+  }
+  return std::stoll(name.substr(kPrefix));
+}
+
 torch::Tensor scalar(int64_t v) { return torch::tensor({v}, torch::kLong); }
 
 int64_t read_scalar(torch::serialize::InputArchive& ar, const std::string& key) {
@@ -81,16 +91,34 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
   barrier();
   if (layout.rank == 0) {
     write_text_atomically(fs::path(dir) / "latest", ckpt_dir.filename().string() + "\n");
-    if (keep > 0) {
-      std::vector<fs::path> all;
-      for (const auto& e : fs::directory_iterator(dir)) {
-        if (e.is_directory() && e.path().filename().string().rfind("iter_", 0) == 0) all.push_back(e.path());
-      }
-      std::sort(all.begin(), all.end());
-      for (size_t i = 0; i + keep < all.size(); ++i) fs::remove_all(all[i], ec);
-    }
+    if (keep > 0) prune_checkpoints(dir, state.step, keep);
   }
   return ckpt_dir.string();
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t written_step, int64_t keep) {
+  // iter_* directories by step (not by name: iter_10000000 sorts before iter_9999999 as text).
+  std::vector<std::pair<int64_t, fs::path>> older;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto step = iter_step(e.path().filename().string());
+    if (!e.is_directory() || !step || *step == written_step) continue;
+    older.emplace_back(*step, e.path());
+  }
+  std::sort(older.begin(), older.end(), std::greater<>());  // newest step first
+  std::vector<std::string> removed;
+  int64_t kept = 1;  // the checkpoint just written
+  std::error_code ec;
+  for (const auto& [step, path] : older) {
+    // Later steps than the one just written are an abandoned timeline: always removed.
+    if (step < written_step && kept < keep) {
+      kept += 1;
+      continue;
+    }
+    fs::remove_all(path, ec);
+    if (ec) throw std::runtime_error(fmt::format("checkpoint: cannot remove {}: {}", path.string(), ec.message()));
+    removed.push_back(path.string());
+  }
+  return removed;
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& dir) {
@@ -100,12 +128,26 @@ std::optional<std::string> latest_checkpoint(const std::string& dir) {
   return (fs::path(dir) / name).string();
 }
 
+std::optional<std::string> find_checkpoint(const std::string& path) {
+  if (fs::exists(fs::path(path) / "latest")) {
+    const auto named = latest_checkpoint(path);
+    if (!named || !fs::exists(rank_file(*named, 0))) {
+      throw std::runtime_error(fmt::format(
+          "checkpoint: {}/latest names {}, which holds no rank_00000.pt (removed or never completed). Fix: "
+          "point --resume at an existing iter_NNNNNNN directory under {}, or remove {}/latest to start over.",
+          path, named ? *named : std::string("nothing"), path, path));
+    }
+    return named;
+  }
+  if (fs::exists(rank_file(path, 0))) return path;
+  return std::nullopt;
+}
+
 TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
                            const std::map<std::string, at::Generator>& generators,
                            const std::vector<CheckpointPart>& parts) {
-  fs::path ckpt_dir = ckpt;
-  if (fs::exists(ckpt_dir / "latest")) ckpt_dir = *latest_checkpoint(ckpt);
+  const fs::path ckpt_dir = find_checkpoint(ckpt).value_or(ckpt);
   const std::string file = rank_file(ckpt_dir, layout.rank);
   if (!fs::exists(file)) {
     throw std::runtime_error(fmt::format(
@@ -186,9 +228,9 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
 
 std::optional<torch::Tensor> read_checkpoint_tensor(const std::string& ckpt, int64_t rank, const std::string& name,
                                                     const std::string& key) {
-  fs::path ckpt_dir = ckpt;
-  if (fs::exists(ckpt_dir / "latest")) ckpt_dir = *latest_checkpoint(ckpt);
-  const std::string file = rank_file(ckpt_dir, rank);
+  const auto ckpt_dir = find_checkpoint(ckpt);
+  if (!ckpt_dir) return std::nullopt;
+  const std::string file = rank_file(*ckpt_dir, rank);
   if (!fs::exists(file)) return std::nullopt;
   try {
     torch::serialize::InputArchive ar, sub;

@@ -40,7 +40,8 @@ struct CheckpointLayout {
 
 /// Writes this rank's checkpoint for `state.step` under `dir`, waits in `barrier` (every rank
 /// calls this function; the barrier makes sure all files exist), then rank 0 points `latest` at
-/// it and prunes all but the newest `keep` checkpoints (keep = 0: keep all).
+/// it and, when keep > 0, calls prune_checkpoints(dir, state.step, keep) (keep = 0: keep all).
+/// So `latest` always names a complete checkpoint that pruning never removes.
 /// Throws std::runtime_error naming the path on I/O failure. Returns the checkpoint directory.
 std::string save_checkpoint(const std::string& dir, const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
@@ -49,8 +50,24 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
                             const std::map<std::string, at::Generator>& generators = {},
                             const std::vector<CheckpointPart>& parts = {});
 
-/// The checkpoint directory `latest` points to under `dir`, if any.
+/// Removes checkpoints under `dir` so that `keep` (>= 1) remain: the one of `written_step` (just
+/// written; always kept, whatever else is there) and the newest keep - 1 of lower step. Directories
+/// of a HIGHER step are the future of an abandoned timeline (a run resumed from an earlier
+/// checkpoint, or started over) and are always removed first: they are not this run's progress, and
+/// kept they would crowd out its own checkpoints. Order is by the step parsed from "iter_<digits>",
+/// never by name; other entries are left alone. Called by save_checkpoint on rank 0 after `latest`
+/// names `written_step`, so `latest` never names a removed directory. Returns the removed
+/// directories; throws std::runtime_error naming the path when one cannot be removed.
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t written_step, int64_t keep);
+
+/// The checkpoint directory `latest` points to under `dir`, if any (whether or not it exists).
 std::optional<std::string> latest_checkpoint(const std::string& dir);
+
+/// The checkpoint a resume from `path` loads: the directory `latest` names when `path` holds
+/// `latest`, else `path` itself when it holds rank_00000.pt (an iter_* directory), else nullopt
+/// (no checkpoint there). Throws std::runtime_error naming both when `latest` names a directory
+/// without rank_00000.pt (removed or never completed) rather than letting a resume start over.
+std::optional<std::string> find_checkpoint(const std::string& path);
 
 /// Loads this rank's file from checkpoint directory `ckpt` (an iter_* directory, or a directory
 /// holding `latest`) into model/optimizer, the default CPU generator and `generators` (saved under

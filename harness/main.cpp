@@ -1,6 +1,13 @@
 // optcc: the command-line entry point.
 //
-//   optcc train --config experiments/demo.yaml [--set section.key=value ...] [--resume [DIR]]
+//   optcc train --config experiments/demo.yaml [--set section.key=value ...] [--resume [DIR|auto]]
+//     --resume        resume from the config's checkpoint.dir (must hold a checkpoint)
+//     --resume DIR    resume from DIR (an iter_NNNNNNN directory or a directory holding `latest`)
+//     --resume auto   resume from checkpoint.dir when it holds a checkpoint, else start at step 0;
+//                     the default inside a Slurm job (SLURM_JOB_ID set), so a requeue continues
+//     (none)          start at step 0; refused when checkpoint.dir already holds a checkpoint
+//   (a directory named "auto": write ./auto)
+//   Results files are never overwritten: a re-run writes <run>.attempt-<n>.h5 (trainer.h).
 //   optcc data fetch|prepare|info --config experiments/demo.yaml
 //   optcc bench step --config experiments/demo.yaml [--steps 10] [--threads 1]
 //   optcc config show --config experiments/demo.yaml [--set ...]
@@ -100,7 +107,10 @@ int main(int argc, char** argv) {
   add_config(train);
   std::string resume;
   auto* resume_opt = train->add_option("--resume", resume,
-                                       "resume from a checkpoint dir (default: the config's checkpoint.dir)")
+                                       "resume from DIR (no value: the config's checkpoint.dir); 'auto': resume "
+                                       "from checkpoint.dir if it holds a checkpoint, else start at step 0 (the "
+                                       "default inside a Slurm job). Without it, a run whose checkpoint.dir "
+                                       "holds a checkpoint is refused")
                          ->expected(0, 1);
 
   auto* data = app.add_subcommand("data", "fetch the corpus, prepare the tokenizer and indexed dataset");
@@ -188,7 +198,9 @@ int main(int argc, char** argv) {
     if (train->parsed()) {
       TrainOptions opts;
       opts.command_line = command_line(argc, argv);
-      if (resume_opt->count() > 0) opts.resume = resume.empty() ? cfg.checkpoint_dir() : resume;
+      if (resume_opt->count() > 0 && resume != "auto") opts.resume = resume.empty() ? cfg.checkpoint_dir() : resume;
+      // A Slurm requeue reruns the same command: inside a job, continue from the checkpoint by default.
+      opts.resume_auto = resume == "auto" || (resume_opt->count() == 0 && std::getenv("SLURM_JOB_ID") != nullptr);
       TrainSummary s = run_training(cfg, opts);
       if (!s.results_path.empty()) spdlog::info("done: steps {}..{}, results in {}", s.first_step, s.last_step, s.results_path);
       return 0;

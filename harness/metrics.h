@@ -25,8 +25,9 @@
 //     makes plain opens work again (checked by killing a writer that flushes back to back).
 // The writer opens with file locking disabled (HDF5 >= 1.10.7; older: HDF5_USE_FILE_LOCKING=FALSE), so
 // a reader that holds the file open (h5py takes a shared lock) never blocks a flush, and file systems
-// without flock work. The flip side: two runs writing the same path are not detected -- give each run
-// its own file.
+// without flock work. Two runs never share a file all the same: the constructor creates it exclusively
+// and refuses an existing path (ResultsFileExists), so no run truncates another's (or an earlier
+// attempt's) results.
 //
 // Reading a live run (from another process, any time):
 //   f = h5py.File(path, "r", swmr=True)           # works during and between flushes
@@ -52,6 +53,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <unordered_map>
 #include <variant>
@@ -97,14 +99,22 @@ class NullMetricsSink final : public MetricsSink {
   void flush() override {}
 };
 
+// Thrown by Hdf5MetricsSink's constructor when its path already exists (the message names it).
+class ResultsFileExists : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 class Hdf5MetricsSink final : public MetricsSink {
  public:
   static constexpr std::size_t kChunkRows = 1024;  // rows per HDF5 chunk (8 KiB per column)
 
-  // Creates (truncates) `path`, writes `root_attributes` as UTF-8 string attributes of "/", creates every
-  // table's group and empty datasets with their units, and closes the file. Throws std::runtime_error
-  // naming the path (missing directory, no permission) or the offending group/column (empty or duplicate
-  // names, no columns).
+  // Creates `path`, which must not exist, writes `root_attributes` as UTF-8 string attributes of "/",
+  // creates every table's group and empty datasets with their units, and closes the file. Never
+  // truncates: an existing `path` (an earlier attempt's results) throws ResultsFileExists, also when
+  // another process creates it first (exclusive create), and the file is left as it was. Throws
+  // std::runtime_error naming the path (missing directory, no permission) or the offending
+  // group/column (empty or duplicate names, no columns).
   Hdf5MetricsSink(const std::string& path, const std::map<std::string, std::string>& root_attributes,
                   const std::vector<TableSpec>& tables);
   // Flushes and closes; never throws (a failed final flush is reported on stderr).
@@ -131,6 +141,7 @@ class Hdf5MetricsSink final : public MetricsSink {
   };
 
   void create_file(const std::map<std::string, std::string>& root_attributes);
+  void write_new_file(const std::map<std::string, std::string>& root_attributes, bool& created);
   void write_table(H5::H5File& file, Table& table);
 
   std::string path_;

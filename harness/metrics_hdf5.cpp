@@ -4,6 +4,7 @@
 #include <H5Cpp.h>
 #include <fmt/core.h>
 
+#include <filesystem>
 #include <stdexcept>
 #include <unordered_set>
 #include <utility>
@@ -125,29 +126,46 @@ Hdf5MetricsSink::Hdf5MetricsSink(const std::string& path,
 }
 
 void Hdf5MetricsSink::create_file(const std::map<std::string, std::string>& root_attributes) {
-  with_hdf5(fmt::format("cannot create results file '{}'", path_),
-            "check that its directory exists and is writable, or choose another results path", [&] {
-    H5::H5File file(path_, H5F_ACC_TRUNC, H5::FileCreatPropList::DEFAULT, writer_access());
-    for (const auto& [name, value] : root_attributes) write_string_attribute(file, name, value);
+  const auto refuse = [&] {
+    return ResultsFileExists(fmt::format(
+        "metrics: results file '{}' already exists; it is never overwritten (it may hold an earlier attempt's "
+        "rows). Fix: write to another path",
+        path_));
+  };
+  if (std::filesystem::exists(path_)) throw refuse();
+  bool created = false;
+  try {
+    with_hdf5(fmt::format("cannot create results file '{}'", path_),
+              "check that its directory exists and is writable, or choose another results path",
+              [&] { write_new_file(root_attributes, created); });
+  } catch (const std::runtime_error&) {
+    if (!created && std::filesystem::exists(path_)) throw refuse();  // lost a race for the name
+    throw;
+  }
+}
 
-    const hsize_t empty = 0, unlimited = H5S_UNLIMITED, chunk = kChunkRows;
-    H5::DataSpace space(1, &empty, &unlimited);
-    H5::DSetCreatPropList dcpl;
-    dcpl.setChunk(1, &chunk);
-    H5::LinkCreatPropList lcpl;
-    lcpl.setCreateIntermediateGroup(true);  // "diagnostics/lep" creates "diagnostics" too
-    for (const Table& t : tables_) {
-      H5::Group group = file.createGroup(t.spec.group, lcpl);
-      write_string_attribute(group, "columns", join_names(t.spec.columns, ","));
-      for (const Column& c : t.spec.columns) {
-        const H5::PredType& type =
-            c.type == ColumnType::kInt64 ? H5::PredType::STD_I64LE : H5::PredType::IEEE_F64LE;
-        H5::DataSet ds = group.createDataSet(c.name, type, space, dcpl);
-        write_string_attribute(ds, "unit", c.unit);
-      }
+void Hdf5MetricsSink::write_new_file(const std::map<std::string, std::string>& root_attributes, bool& created) {
+  H5::H5File file(path_, H5F_ACC_EXCL, H5::FileCreatPropList::DEFAULT, writer_access());  // fails if it exists
+  created = true;
+  for (const auto& [name, value] : root_attributes) write_string_attribute(file, name, value);
+
+  const hsize_t empty = 0, unlimited = H5S_UNLIMITED, chunk = kChunkRows;
+  H5::DataSpace space(1, &empty, &unlimited);
+  H5::DSetCreatPropList dcpl;
+  dcpl.setChunk(1, &chunk);
+  H5::LinkCreatPropList lcpl;
+  lcpl.setCreateIntermediateGroup(true);  // "diagnostics/lep" creates "diagnostics" too
+  for (const Table& t : tables_) {
+    H5::Group group = file.createGroup(t.spec.group, lcpl);
+    write_string_attribute(group, "columns", join_names(t.spec.columns, ","));
+    for (const Column& c : t.spec.columns) {
+      const H5::PredType& type =
+          c.type == ColumnType::kInt64 ? H5::PredType::STD_I64LE : H5::PredType::IEEE_F64LE;
+      H5::DataSet ds = group.createDataSet(c.name, type, space, dcpl);
+      write_string_attribute(ds, "unit", c.unit);
     }
-    file.close();
-  });
+  }
+  file.close();
 }
 
 Hdf5MetricsSink::~Hdf5MetricsSink() {

@@ -132,11 +132,51 @@ double evaluate(GptModel& model, const Config& c, Distributed& d, StageLink& lin
   return t.item<double>();
 }
 
-std::string results_path_for(const Config& c, int64_t first_step) {
+// The checkpoint this run resumes from (nullopt: step 0), by TrainOptions' rules; before any work.
+std::optional<std::string> resume_point(const Config& c, const TrainOptions& o) {
+  if (o.resume) {
+    if (!find_checkpoint(*o.resume)) {
+      throw std::runtime_error(fmt::format(
+          "--resume {}: no checkpoint there (no `latest` file, no rank_00000.pt). Fix: point --resume at a "
+          "checkpoint.dir or one of its iter_NNNNNNN directories, or pass --resume auto, which starts at step 0 "
+          "when checkpoint.dir holds no checkpoint.",
+          *o.resume));
+    }
+    return o.resume;
+  }
+  const std::string dir = c.checkpoint_dir();
+  const auto found = find_checkpoint(dir);
+  if (found && !o.resume_auto) {
+    throw std::runtime_error(fmt::format(
+        "checkpoint.dir {} already holds a checkpoint ({}) of run '{}'; starting again at step 0 would mix two "
+        "runs there. Fix: pass --resume auto (or --resume) to continue from it, or give this run its own "
+        "log.run_name or checkpoint.dir, or remove {} to start over (results files are never overwritten).",
+        dir, fs::path(*found).filename().string(), c.run_name(), dir));
+  }
+  return found;
+}
+
+// <log.dir>/<run>[.resumed-<step>].h5, or the first free <that>.attempt-<n>.h5 (n = 2, 3, ...) when it
+// exists: an earlier attempt's results are never overwritten (the sink creates exclusively).
+std::unique_ptr<Hdf5MetricsSink> create_results(const Config& c, int64_t first_step,
+                                                const std::map<std::string, std::string>& attrs, bool quiet) {
   fs::create_directories(c.log.dir);
-  std::string name = c.run_name();
-  if (first_step > 0) name += fmt::format(".resumed-{}", first_step);
-  return (fs::path(c.log.dir) / (name + ".h5")).string();
+  std::string base = c.run_name();
+  if (first_step > 0) base += fmt::format(".resumed-{}", first_step);
+  const auto path = [&](int n) {
+    return (fs::path(c.log.dir) / (n == 1 ? base + ".h5" : fmt::format("{}.attempt-{}.h5", base, n))).string();
+  };
+  for (int n = 1;; ++n) {
+    try {
+      auto sink = std::make_unique<Hdf5MetricsSink>(path(n), attrs, result_tables());
+      if (n > 1 && !quiet) {
+        spdlog::warn("{} exists (an earlier attempt's results, kept): this run writes {}", path(1), sink->path());
+      }
+      return sink;
+    } catch (const ResultsFileExists&) {
+      if (n >= 10000) throw;
+    }
+  }
 }
 
 std::string stage_layers_text(const Config& c) {
@@ -273,6 +313,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
   const auto memory_guard = MemoryTracker::install(memory);  // before the model exists
   resolve_vocab(cfg);
   cfg.validate(d.env.world_size);
+  const std::optional<std::string> resume = resume_point(cfg, options);
   const bool writer = d.rank() == 0;
   const bool quiet = options.quiet || !writer;
   spdlog::set_level(spdlog::level::from_str(cfg.log.level));
@@ -312,7 +353,7 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     for (int k = 0; k < stages; ++k) sc_compress[k] = k < sc_way(cfg);
   } else {
     std::optional<torch::Tensor> stored;
-    if (options.resume) stored = read_checkpoint_tensor(*options.resume, d.rank(), "sc_auto", "compress");
+    if (resume) stored = read_checkpoint_tensor(*resume, d.rank(), "sc_auto", "compress");
     if (stored && stored->numel() == stages) {
       for (int k = 0; k < stages; ++k) sc_compress[k] = (*stored)[k].item<int64_t>() != 0;
       sc_auto_text = "kept from the checkpoint";
@@ -351,10 +392,10 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
   }
 
   TrainState state;
-  if (options.resume) {
-    state = load_checkpoint(*options.resume, *model, *optimizer, layout, {{"attention", model->attention_generator()}},
+  if (resume) {
+    state = load_checkpoint(*resume, *model, *optimizer, layout, {{"attention", model->attention_generator()}},
                             checkpoint_parts);
-    if (!quiet) spdlog::info("resumed from {} at step {}", *options.resume, state.step);
+    if (!quiet) spdlog::info("resumed from {} at step {}{}", *resume, state.step, options.resume ? "" : " (--resume auto)");
   }
   // Fixed widths of the per-step record gather, and the DP tensor names of every rank.
   StepExtras extras;
@@ -383,7 +424,6 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
   summary.first_step = state.step;
   std::unique_ptr<Hdf5MetricsSink> sink;
   if (writer) {
-    summary.results_path = results_path_for(cfg, state.step);
     auto attrs = run_attributes(options.command_line);
     attrs["config"] = config_yaml;
     attrs["layout"] = fmt::format("tp={} pp={} dp={}", cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp);
@@ -407,7 +447,8 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
     attrs["dp_tensor_names"] = nlohmann::json(all_dp_names).dump();
     if (!sc_auto_text.empty()) attrs["sc_auto"] = sc_auto_text;
     attrs["traffic_classes"] = "0 tp, 1 pp_fwd, 2 pp_bwd, 3 dp, 4 embedding, 5 control; link 0 intra, 1 inter";
-    sink = std::make_unique<Hdf5MetricsSink>(summary.results_path, attrs, result_tables());
+    sink = create_results(cfg, state.step, attrs, quiet);
+    summary.results_path = sink->path();
   }
   const int64_t tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_len;
   if (!quiet) {

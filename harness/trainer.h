@@ -4,6 +4,14 @@
 // with evaluation, progress lines, HDF5 results (written by global rank 0, with every rank's
 // traffic gathered to it) and per-rank checkpoints. A world of one rank runs the same code with
 // every group of size one.
+//
+// Re-runs (a killed run started again, a Slurm requeue) never destroy results:
+//   * Checkpoints: see TrainOptions. A run whose checkpoint.dir holds a checkpoint resumes from it
+//     (resume_auto) or is refused before any work; it never restarts at step 0 silently.
+//   * Results: <log.dir>/<run>.h5, <run>.resumed-<step>.h5 when resumed at <step>; when that name is
+//     taken (an earlier attempt that died before its first checkpoint, a second resume from the same
+//     checkpoint) the first free <name>.attempt-<n>.h5, n = 2, 3, ... (logged). An existing results
+//     file is never truncated: Hdf5MetricsSink creates its file exclusively.
 #pragma once
 
 #include <map>
@@ -20,8 +28,19 @@ namespace optcc {
 
 struct Distributed;
 
+/// Where a run starts. With checkpoints already in cfg.checkpoint_dir() (same run name, re-run):
+///   resume set:         resume from that directory (an iter_* directory or its parent holding
+///                       `latest`); std::runtime_error before any work if it holds no checkpoint.
+///   resume_auto:        resume from checkpoint.dir's `latest` when it names a checkpoint, else start at
+///                       step 0 (a first run). `optcc train --resume auto`; its default inside a Slurm
+///                       job (SLURM_JOB_ID set), so a requeued job continues.
+///   neither (default):  start at step 0 when checkpoint.dir has no `latest`; otherwise refuse with a
+///                       std::runtime_error naming the directory, --resume auto / --resume, and the
+///                       keys that give the run a directory of its own (log.run_name, checkpoint.dir).
+/// A `latest` naming a missing checkpoint is an error in every mode (find_checkpoint).
 struct TrainOptions {
   std::optional<std::string> resume;  // checkpoint dir (iter_* or its parent with `latest`)
+  bool resume_auto = false;           // see above; ignored when `resume` is set
   std::string command_line;           // recorded in the results file
   bool quiet = false;                 // no progress lines (tests)
   bool keep_parameters = false;       // return the final parameters in the summary (tests)

@@ -5,6 +5,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -186,6 +188,39 @@ TEST_F(MetricsSinkTest, FlushOfDeletedFileThrowsAndKeepsRows) {
   sink.flush();  // the retry writes the kept row
   H5::H5File f(path, H5F_ACC_RDONLY);
   EXPECT_EQ(read_series<double>(f, "eval/ppl"), std::vector<double>{2.0});
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// A second sink on an existing results file (a re-run, a requeue) is refused and the file keeps its
+// bytes, its rows among them: the sink creates exclusively, it never truncates.
+TEST_F(MetricsSinkTest, NeverTruncatesAnExistingFile) {
+  const std::string path = file("run.h5");
+  {
+    Hdf5MetricsSink first(path, {{"attempt", "1"}}, tables());
+    first.append("eval", {int64_t{1}, 2.0});
+  }
+  const std::string before = file_bytes(path);
+  ASSERT_GT(before.size(), 0u);
+  try {
+    Hdf5MetricsSink second(path, {{"attempt", "2"}}, tables());
+    FAIL() << "expected ResultsFileExists";
+  } catch (const ResultsFileExists& e) {
+    EXPECT_NE(std::string(e.what()).find("results file '" + path + "' already exists; it is never overwritten"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(file_bytes(path) == before) << path << " changed";
+  H5::H5File f(path, H5F_ACC_RDONLY);
+  EXPECT_EQ(read_series<double>(f, "eval/ppl"), std::vector<double>{2.0});
+  EXPECT_EQ(read_string_attr(f, "attempt"), "1");
+
+  const std::string text = file("notes.h5");  // not even HDF5: left alone too
+  std::ofstream(text) << "keep me";
+  EXPECT_THROW(Hdf5MetricsSink s(text, {}, tables()), ResultsFileExists);
+  EXPECT_EQ(file_bytes(text), "keep me");
 }
 
 TEST_F(MetricsSinkTest, FlushOfTenRowsTakesMilliseconds) {

@@ -7,6 +7,8 @@
 #include <H5Cpp.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
 
 #include "harness/checkpoint.h"
 #include "harness/config.h"
@@ -120,6 +122,111 @@ TEST(Training, ResumeIsBitIdentical) {
     EXPECT_EQ(resumed.train_losses[i], full.train_losses[4 + i]) << "step " << 5 + i;
   }
   EXPECT_EQ(resumed.eval_losses.back(), full.eval_losses.back());
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// The re-run: a run with checkpoints is interrupted after step 4 of 8 (here: the same run
+// stopped by a 4-step config with the 8-step LR schedule), then the identical run starts again.
+// Without --resume it is refused before any work, naming the directory and the flag; with
+// resume_auto it continues bit-identically; neither touches the first attempt's results file.
+TEST(Training, RerunOfAnInterruptedRunResumesOrRefusesAndKeepsItsResults) {
+  testing::TempDir dir;
+  testing::write_synthetic_corpus(dir / "corpus", 64, 100);
+  TrainOptions opt;
+  opt.quiet = true;
+  auto run = tiny_run(dir, 8);
+  run.train.decay_steps = 8 - run.train.warmup_steps;
+  run.checkpoint.interval = 2;
+  run.checkpoint.keep = 0;
+  auto reference_cfg = run;
+  reference_cfg.log.run_name = "reference";
+  reference_cfg.checkpoint.interval = 0;
+  const auto reference = run_training(reference_cfg, opt);
+  auto killed = run;
+  killed.train.train_steps = 4;
+  const auto first = run_training(killed, opt);
+  const std::string first_path = dir / "results/tiny.h5";
+  ASSERT_EQ(first.results_path, first_path);
+  const std::string first_bytes = file_bytes(first_path);
+  const std::string ckpt = dir / "results/ckpt/tiny";
+
+  try {
+    run_training(run, opt);
+    FAIL() << "a re-run over a checkpoint started without --resume";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("checkpoint.dir " + ckpt + " already holds a checkpoint (iter_0000004)"));
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("Fix: pass --resume auto (or --resume)"));
+  }
+  EXPECT_TRUE(file_bytes(first_path) == first_bytes) << first_path << " changed";
+
+  TrainOptions resume_auto = opt;
+  resume_auto.resume_auto = true;
+  const auto resumed = run_training(run, resume_auto);
+  EXPECT_EQ(resumed.first_step, 4);
+  EXPECT_EQ(resumed.results_path, dir / "results/tiny.resumed-4.h5");
+  ASSERT_EQ(resumed.train_losses.size(), 4u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(resumed.train_losses[i], reference.train_losses[4 + i]) << "step " << 5 + i;
+  EXPECT_EQ(read_series(resumed.results_path, "/train/step"), (std::vector<double>{5, 6, 7, 8}));
+  EXPECT_TRUE(file_bytes(first_path) == first_bytes) << first_path << " changed";
+  EXPECT_EQ(read_series(first_path, "/train/loss"), first.train_losses);
+
+  // A second resume from step 4 (e.g. requeued again before a newer checkpoint) gets its own file.
+  const std::string resumed_bytes = file_bytes(resumed.results_path);
+  TrainOptions from4 = opt;
+  from4.resume = ckpt + "/iter_0000004";
+  const auto again = run_training(run, from4);
+  EXPECT_EQ(again.results_path, dir / "results/tiny.resumed-4.attempt-2.h5");
+  EXPECT_EQ(again.train_losses, resumed.train_losses);
+  EXPECT_TRUE(file_bytes(resumed.results_path) == resumed_bytes) << resumed.results_path << " changed";
+  EXPECT_TRUE(file_bytes(first_path) == first_bytes) << first_path << " changed";
+}
+
+// --resume auto on a first run starts at step 0; an explicit --resume of a directory without a
+// checkpoint is an error naming it.
+TEST(Training, ResumeAutoOnAFirstRunStartsFresh) {
+  testing::TempDir dir;
+  testing::write_synthetic_corpus(dir / "corpus", 64, 50);
+  TrainOptions opt;
+  opt.quiet = true;
+  opt.resume_auto = true;
+  auto c = tiny_run(dir, 2);
+  c.checkpoint.interval = 1;
+  const auto s = run_training(c, opt);
+  EXPECT_EQ(s.first_step, 0);
+  EXPECT_EQ(s.train_losses.size(), 2u);
+  EXPECT_EQ(s.results_path, dir / "results/tiny.h5");
+
+  TrainOptions from_empty;
+  from_empty.quiet = true;
+  from_empty.resume = dir / "empty";
+  try {
+    run_training(c, from_empty);
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("--resume " + (dir / "empty") + ": no checkpoint there"));
+  }
+}
+
+// A run killed before its first checkpoint (or re-run without checkpoints) starts at step 0 again,
+// and writes <run>.attempt-<n>.h5 next to the earlier attempts' files, which keep their bytes.
+TEST(Training, RerunWithoutCheckpointWritesANewResultsFile) {
+  testing::TempDir dir;
+  testing::write_synthetic_corpus(dir / "corpus", 64, 50);
+  TrainOptions opt;
+  opt.quiet = true;
+  const auto c = tiny_run(dir, 2);
+  const auto first = run_training(c, opt);
+  ASSERT_EQ(first.results_path, dir / "results/tiny.h5");
+  const std::string bytes = file_bytes(first.results_path);
+  EXPECT_EQ(run_training(c, opt).results_path, dir / "results/tiny.attempt-2.h5");
+  const auto third = run_training(c, opt);
+  EXPECT_EQ(third.results_path, dir / "results/tiny.attempt-3.h5");
+  EXPECT_EQ(third.train_losses, first.train_losses);
+  EXPECT_TRUE(file_bytes(first.results_path) == bytes) << first.results_path << " changed";
 }
 
 TEST(Training, ResumeOntoOtherLayoutFails) {
