@@ -25,6 +25,8 @@
 #include <string>
 #include <vector>
 
+#include "compression/state_manifest.h"
+
 namespace optcc {
 
 /// What travels for one message, in order.
@@ -68,6 +70,15 @@ class ActCodec {
   /// the saved one's. Options are not saved: construct with the same options, then load.
   virtual void save(torch::serialize::OutputArchive&) const {}
   virtual void load(torch::serialize::InputArchive&) {}
+  /// The sender state this codec keeps for messages of `numel` elements, by name and shape
+  /// (lowrank: "q" [cols, r]); empty for stateless codecs. held_state(): the state it holds now
+  /// (e.g. after load()), so an owner can check saved state against the messages it will send.
+  virtual std::vector<TensorSpec> state_for(int64_t numel) const { return {}; }
+  virtual std::vector<TensorSpec> held_state() const { return {}; }
+
+  /// A codec with the same options and its own copy of the sender state (generator included):
+  /// encoding with either never changes the other (evaluation sends through a copy).
+  virtual std::unique_ptr<ActCodec> clone() const = 0;
 
  protected:
   /// The codec proper; `x` is 1-D fp32 (checked by encode()).

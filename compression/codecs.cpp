@@ -112,6 +112,20 @@ void LowRankCodec::load(torch::serialize::InputArchive& archive) {
   gen_.set_state(state);
 }
 
+std::vector<TensorSpec> LowRankCodec::state_for(int64_t numel) const { return {{"q", wire_shapes(numel)[1]}}; }
+
+std::vector<TensorSpec> LowRankCodec::held_state() const {
+  if (!q_.defined()) return {};
+  return {{"q", q_.sizes().vec()}};
+}
+
+std::unique_ptr<ActCodec> LowRankCodec::clone() const {
+  auto c = std::make_unique<LowRankCodec>(*this);
+  c->gen_ = gen_.clone();  // a copy of at::Generator shares its state; clone() does not
+  if (q_.defined()) c->q_ = q_.clone();
+  return c;
+}
+
 // --- int8 / int4 --------------------------------------------------------------------------------
 
 int64_t QuantCodec::rows(int64_t numel) const {

@@ -42,6 +42,7 @@ class CastCodec : public ActCodec {
   std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const override { return {{numel}}; }
   torch::ScalarType wire_dtype() const override { return dtype_; }
   torch::Tensor decode(const Payload& p, int64_t numel) const override;
+  std::unique_ptr<ActCodec> clone() const override { return std::make_unique<CastCodec>(*this); }
 
  protected:
   Payload encode_impl(const torch::Tensor& x) override;
@@ -71,6 +72,10 @@ class LowRankCodec : public ActCodec {
   torch::Tensor decode(const Payload& p, int64_t numel) const override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
+  /// {"q", [cols, r]} of wire_shapes(numel); held: {"q", q().sizes()} once Q exists.
+  std::vector<TensorSpec> state_for(int64_t numel) const override;
+  std::vector<TensorSpec> held_state() const override;
+  std::unique_ptr<ActCodec> clone() const override;
 
   /// The warm-start Q [cols, r] fp32 left by the last encode (undefined before the first).
   const torch::Tensor& q() const { return q_; }
@@ -96,6 +101,7 @@ class QuantCodec : public ActCodec {
   torch::ScalarType wire_dtype() const override { return torch::kByte; }
   std::vector<torch::ScalarType> wire_dtypes(int64_t numel) const override;
   torch::Tensor decode(const Payload& p, int64_t numel) const override;
+  std::unique_ptr<ActCodec> clone() const override { return std::make_unique<QuantCodec>(*this); }
 
  protected:
   Payload encode_impl(const torch::Tensor& x) override;
@@ -116,6 +122,7 @@ class TopKCodec : public ActCodec {
   std::vector<torch::ScalarType> wire_dtypes(int64_t) const override;
   torch::Tensor decode(const Payload& p, int64_t numel) const override;
   int64_t k_for(int64_t numel) const;
+  std::unique_ptr<ActCodec> clone() const override { return std::make_unique<TopKCodec>(*this); }
 
  protected:
   Payload encode_impl(const torch::Tensor& x) override;

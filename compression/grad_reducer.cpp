@@ -1,5 +1,7 @@
 #include "compression/grad_reducer.h"
 
+#include <fmt/format.h>
+
 #include "compression/cast_reducer.h"
 #include "compression/powersgd.h"
 #include "compression/sparse_reducers.h"
@@ -26,6 +28,52 @@ void GradReducer::begin_records(const std::vector<torch::Tensor>& grads) {
     r.shape = grads[i].sizes().vec();
     r.raw_bytes = grads[i].numel() * static_cast<int64_t>(grads[i].element_size());
     records_.push_back(std::move(r));
+  }
+}
+
+void GradReducer::set_tensors(std::vector<TensorSpec> tensors) {
+  names_.clear();
+  for (const auto& t : tensors) names_.push_back(t.name);
+  tensors_ = std::move(tensors);
+  tensors_bound_ = tensors_declared_ = true;
+}
+
+void GradReducer::bind_tensors(const std::vector<torch::Tensor>& grads) {
+  std::vector<TensorSpec> now;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    now.push_back({i < names_.size() ? names_[i] : "grad[" + std::to_string(i) + "]", grads[i].sizes().vec()});
+  }
+  if (!tensors_bound_) {
+    tensors_ = std::move(now);
+    tensors_bound_ = true;
+    return;
+  }
+  const std::string diff = first_difference(tensors_, now, /*names=*/false, {"in the state's list", "in this call"});
+  if (!diff.empty()) {
+    throw std::invalid_argument(fmt::format("{}: reduce() got other tensors than its state belongs to: {} "
+                                            "(every call must pass the same list; state left untouched)",
+                                            name(), diff));
+  }
+}
+
+void GradReducer::save_tensors(torch::serialize::OutputArchive& archive, const std::string& key) const {
+  if (tensors_bound_) write_tensor_specs(archive, key, tensors_);
+}
+
+void GradReducer::load_tensors(torch::serialize::InputArchive& archive, const std::string& key, bool has_state) {
+  auto saved = read_tensor_specs(archive, key);
+  if (!saved) {
+    if (!has_state) return;
+    throw StateMismatch(fmt::format("the saved state lists no tensors ('{}' missing)", key));
+  }
+  if (!tensors_bound_) {
+    tensors_ = std::move(*saved);
+    tensors_bound_ = true;
+    return;
+  }
+  const std::string diff = first_difference(*saved, tensors_, tensors_declared_);
+  if (!diff.empty()) {
+    throw StateMismatch("the saved state belongs to other tensors: " + diff);
   }
 }
 

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "compression/registry.h"
+#include "compression/state_manifest.h"
 #include "harness/communicator.h"
 
 namespace optcc {
@@ -56,7 +57,11 @@ class GradReducer {
   virtual std::string name() const = 0;
   /// See the contract above.
   virtual void reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) = 0;
-  /// State for checkpoints (per rank). Stateless reducers write/read nothing.
+  /// State for checkpoints (per rank). Stateless reducers write/read nothing. Stateful ones
+  /// (powersgd, topk, randomk, qsgd, signsgd) also write the (name, shape) list their per-tensor
+  /// state belongs to, and load() throws StateMismatch (a std::invalid_argument) naming the first
+  /// difference when that list is not this reducer's (set_tensors(), else the list of its last
+  /// reduce()), before changing any state. No remapping: a changed list is refused.
   virtual void save(torch::serialize::OutputArchive& archive) const {}
   virtual void load(torch::serialize::InputArchive& archive) {}
 
@@ -72,6 +77,12 @@ class GradReducer {
 
   /// Names for records() (optional; same order as grads).
   void set_tensor_names(std::vector<std::string> names) { names_ = std::move(names); }
+  /// Declares the tensors every reduce() will get, in order: names (as set_tensor_names) and
+  /// shapes. Optional; GradientSync declares them before load(), so a checkpoint's state is
+  /// checked against the run's own list. Stateful reducers refuse a reduce() whose gradients
+  /// differ in count or shape from the declared (or first seen, or loaded) list:
+  /// std::invalid_argument naming the first difference, state untouched.
+  void set_tensors(std::vector<TensorSpec> tensors);
   const std::vector<TensorRecord>& records() const { return records_; }
   int64_t raw_bytes() const;      // Σ records().raw_bytes of the last call
   int64_t payload_bytes() const;  // Σ records().sent_bytes of the last call
@@ -80,8 +91,22 @@ class GradReducer {
   /// Starts records() for a call: one raw, uncompressed entry per tensor with sent_bytes 0.
   void begin_records(const std::vector<torch::Tensor>& grads);
 
+  /// For stateful reducers, first thing in reduce(): binds the state to this call's tensors (the
+  /// first call, when nothing was declared or loaded) or checks them against the bound list
+  /// (count and shapes; std::invalid_argument naming the first difference).
+  void bind_tensors(const std::vector<torch::Tensor>& grads);
+  /// Writes the bound list under `key` (nothing when none is bound yet).
+  void save_tensors(torch::serialize::OutputArchive& archive, const std::string& key) const;
+  /// Reads the list under `key` and compares it with the bound one (names too when declared by
+  /// set_tensors()); binds it when none is. StateMismatch on a difference; a list missing from
+  /// the archive is accepted only when `has_state` is false (nothing to attach).
+  void load_tensors(torch::serialize::InputArchive& archive, const std::string& key, bool has_state);
+
   std::vector<TensorRecord> records_;
   std::vector<std::string> names_;
+  std::vector<TensorSpec> tensors_;  // the list per-tensor state belongs to (when bound)
+  bool tensors_bound_ = false;       // by set_tensors(), the first reduce() or load()
+  bool tensors_declared_ = false;    // by set_tensors(): names are known too
   Traffic traffic_ = Traffic::kDataParallel;
 };
 

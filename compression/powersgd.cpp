@@ -130,6 +130,7 @@ void PowerSgdReducer::check_q_shapes(const Plan& p) const {
 // peer, which ends the run) leaves EF_i = M_i, not the old residual.
 void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) {
   torch::NoGradGuard no_grad;
+  bind_tensors(grads);  // the same list as the state's, before anything changes
   ensure_state(grads.size());
   if (step < opt_.warmup_steps) {  // 0. warm-up: the baseline, state untouched
     NoneReducer none;
@@ -234,6 +235,7 @@ void PowerSgdReducer::save(torch::serialize::OutputArchive& archive) const {
     std::lock_guard<std::mutex> lock(gen_.mutex());
     archive.write("powersgd.generator", gen_.get_state());
   }
+  save_tensors(archive, "powersgd.tensors");
   for (size_t i = 0; i < q_.size(); ++i) {
     if (ef_[i].defined()) archive.write("powersgd.ef." + std::to_string(i), ef_[i]);
     if (q_[i].defined()) archive.write("powersgd.q." + std::to_string(i), q_[i]);
@@ -247,12 +249,13 @@ void PowerSgdReducer::load(torch::serialize::InputArchive& archive) {
     throw std::invalid_argument(fmt::format("powersgd: checkpoint was written with rank {}, this reducer has rank {}",
                                             meta[0].item<int64_t>(), opt_.rank));
   }
+  const auto n = static_cast<size_t>(meta[1].item<int64_t>());
+  load_tensors(archive, "powersgd.tensors", /*has_state=*/n > 0);  // before any state changes
   archive.read("powersgd.generator", gen_state);
   {
     std::lock_guard<std::mutex> lock(gen_.mutex());
     gen_.set_state(gen_state);
   }
-  const auto n = static_cast<size_t>(meta[1].item<int64_t>());
   ef_.assign(n, torch::Tensor());
   q_.assign(n, torch::Tensor());
   for (size_t i = 0; i < n; ++i) {

@@ -47,8 +47,10 @@ class PowerSgdReducer : public GradReducer {
   explicit PowerSgdReducer(PowerSgdOptions options);
   std::string name() const override;
   void reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) override;
-  /// Keys: "powersgd.rank", "powersgd.generator", "powersgd.ef.<i>", "powersgd.q.<i>" (i = tensor
-  /// index; absent when never compressed). load() checks the rank and tensor count.
+  /// Keys: "powersgd.rank", "powersgd.generator", "powersgd.tensors.*" (the (name, shape) list
+  /// the state belongs to, state_manifest.h), "powersgd.ef.<i>", "powersgd.q.<i>" (i = index in
+  /// that list; absent when never compressed). load() checks the rank (std::invalid_argument) and
+  /// the list (StateMismatch, see GradReducer::save) before changing any state.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
 

@@ -106,6 +106,7 @@ ElementwiseReducer::ElementwiseReducer(std::string kind, bool error_feedback, in
 
 void ElementwiseReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) {
   torch::NoGradGuard no_grad;
+  bind_tensors(grads);  // the same list as the state's, before anything changes
   begin_records(grads);
   if (grads.empty()) return;
   // 1. Non-finite on any rank -> all ranks skip, before anything is modified.
@@ -164,6 +165,7 @@ void ElementwiseReducer::reduce(std::vector<torch::Tensor>& grads, Communicator&
 
 void ElementwiseReducer::save(torch::serialize::OutputArchive& archive) const {
   archive.write(kind_ + ".state", torch::tensor({static_cast<int64_t>(ef_.size())}));
+  save_tensors(archive, kind_ + ".tensors");
   for (size_t i = 0; i < ef_.size(); ++i) {
     if (ef_[i].defined()) archive.write(kind_ + ".ef." + std::to_string(i), ef_[i].cpu());
   }
@@ -175,6 +177,7 @@ void ElementwiseReducer::load(torch::serialize::InputArchive& archive) {
     throw std::invalid_argument(fmt::format("{}: the checkpoint has no '{}.state' entry (written by another reducer?)",
                                             kind_, kind_));
   }
+  load_tensors(archive, kind_ + ".tensors", /*has_state=*/meta[0].item<int64_t>() > 0);  // before any change
   ef_.assign(static_cast<size_t>(meta[0].item<int64_t>()), torch::Tensor());
   for (size_t i = 0; i < ef_.size(); ++i) {
     torch::Tensor t;

@@ -32,8 +32,9 @@
 //   randomk  fraction 0.01, count 0, error_feedback true, min_numel 0, seed 0
 //   qsgd     levels 16, bucket_size 512, error_feedback false, min_numel 0, seed 0
 //   signsgd  error_feedback true, min_numel 0
-// reduce() throws NonFiniteGradients (step 1) and std::invalid_argument when a gradient no longer
-// matches its saved EF (numel changed) or, for topk, has N ≥ 2³¹ (int32 indices).
+// reduce() throws NonFiniteGradients (step 1) and std::invalid_argument when the gradients differ
+// in count or shape from the list the state belongs to (GradReducer::set_tensors) or, for topk, a
+// tensor has N ≥ 2³¹ (int32 indices).
 #pragma once
 
 #include "compression/grad_reducer.h"
@@ -45,8 +46,10 @@ namespace optcc {
 class ElementwiseReducer : public GradReducer {
  public:
   void reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) final;
-  /// Keys: "<kind>.state" (tensor {number of EF slots}), "<kind>.ef.<i>" [N_i] fp32 (tensors that
-  /// were compressed with EF). load() throws std::invalid_argument when "<kind>.state" is missing.
+  /// Keys: "<kind>.state" (tensor {number of EF slots}), "<kind>.tensors.*" (the (name, shape)
+  /// list the state belongs to, state_manifest.h), "<kind>.ef.<i>" [N_i] fp32 (tensors that were
+  /// compressed with EF). load() throws std::invalid_argument when "<kind>.state" is missing and
+  /// StateMismatch when the list is not this reducer's (GradReducer::save), before any change.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
   /// Residual of tensor i, flat [N] fp32; undefined if it never was compressed with EF.

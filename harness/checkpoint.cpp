@@ -13,7 +13,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int64_t kFormatVersion = 2;  // 2: compressor state under state/<name>
+// 2: compressor state under state/<name>; 3: stateful compressors store the (name, shape) list
+// their per-tensor state belongs to (compression/state_manifest.h).
+constexpr int64_t kFormatVersion = 3;
 
 std::string rank_file(const fs::path& ckpt_dir, int64_t rank) {
   return (ckpt_dir / fmt::format("rank_{:05d}.pt", rank)).string();
@@ -161,8 +163,10 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
   } catch (const c10::Error& e) {
     throw std::runtime_error(fmt::format("checkpoint: cannot read {}: {}", file, e.what_without_backtrace()));
   }
-  if (read_scalar(ar, "meta/format_version") != kFormatVersion) {
-    throw std::runtime_error(fmt::format("checkpoint: {} has an unsupported format version", file));
+  if (const int64_t v = read_scalar(ar, "meta/format_version"); v != kFormatVersion) {
+    throw std::runtime_error(fmt::format("checkpoint: {} has format version {}, this build reads {}. Fix: resume "
+                                         "with the build that wrote it, or start fresh without --resume.",
+                                         file, v, kFormatVersion));
   }
   torch::Tensor saved_layout;
   ar.read("meta/layout", saved_layout);
@@ -221,7 +225,15 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
                                            "Fix: resume with the same compressor.",
                                            file, part.name, saved_identity.toStringRef(), part.identity));
     }
-    part.load(sub);
+    try {
+      part.load(sub);
+    } catch (const std::invalid_argument& e) {  // e.g. state kept for other tensors (StateMismatch)
+      throw std::runtime_error(fmt::format(
+          "checkpoint: {}: the '{}' state ({}) does not fit this run: {}. Fix: resume with the compression "
+          "settings the checkpoint was written with (compression.*, and train.micro_batch_size / "
+          "global_batch_size for pipeline codec state), or start fresh without --resume.",
+          file, part.name, part.identity, e.what()));
+    }
   }
   return TrainState{read_scalar(ar, "meta/step"), read_scalar(ar, "meta/consumed_samples")};
 }

@@ -19,7 +19,9 @@ namespace optcc {
 /// A stateful component saved with the checkpoint (compressor state: DP and embedding reducers'
 /// error-feedback buffers, warm-start Q and generators, the pipeline codec's Q and LEP buffers;
 /// BR-03). `name` keys it in the file; `identity` (e.g. "powersgd(rank=4)") must be equal on load,
-/// so a run never resumes a compressor's state into a different compressor.
+/// so a run never resumes a compressor's state into a different compressor. `load` throws
+/// std::invalid_argument when the saved state does not fit this run (e.g. StateMismatch: kept for
+/// other tensors); load_checkpoint() reports it with the file, the part and the fix.
 struct CheckpointPart {
   std::string name;
   std::string identity;
@@ -73,7 +75,8 @@ std::optional<std::string> find_checkpoint(const std::string& path);
 /// holding `latest`) into model/optimizer, the default CPU generator and `generators` (saved under
 /// the same names, e.g. the model's attention-dropout generator) and every part of `parts` (BR-03).
 /// Throws std::runtime_error naming the file and the mismatch (layout, missing tensor, shape, a
-/// part missing or saved by a different compressor).
+/// part missing or saved by a different compressor, or a part whose load() throws
+/// std::invalid_argument, e.g. state kept for other tensors: the part, its reason and the fix).
 TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
                            const std::map<std::string, at::Generator>& generators = {},

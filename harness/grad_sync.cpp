@@ -47,13 +47,19 @@ GradientSync::GradientSync(const Config& cfg, GptModel& model, Communicator* dp,
     embedding_reducer_ = registry.create(cfg.compression.embedding.name, cfg.compression.embedding.options);
     embedding_reducer_->set_traffic_class(Traffic::kEmbedding);
   }
+  // The tensors each reducer gets, by name and shape: its state is checked against them on load.
   auto w = model_->word_embedding();
+  std::vector<TensorSpec> dp_tensors, embedding_tensors;
   for (const auto& item : model_->named_parameters()) {
     all_names_.push_back(item.key());
     const bool is_word_embedding = w.defined() && item.value().is_same(w);
-    if (!(fused_ && is_word_embedding)) dp_names_.push_back(item.key());
+    if (is_word_embedding) embedding_tensors.push_back({item.key(), item.value().sizes().vec()});
+    if (fused_ && is_word_embedding) continue;
+    dp_names_.push_back(item.key());
+    dp_tensors.push_back({item.key(), item.value().sizes().vec()});
   }
-  dp_reducer_->set_tensor_names(dp_names_);
+  dp_reducer_->set_tensors(std::move(dp_tensors));
+  if (embedding_reducer_) embedding_reducer_->set_tensors(std::move(embedding_tensors));  // none: middle stage
 }
 
 bool GradientSync::reduce(const std::vector<torch::Tensor>& params, int64_t step) {

@@ -60,7 +60,10 @@ class GradientSync {
   bool fused() const { return fused_; }
   GradReducer& dp_reducer() { return *dp_reducer_; }
   GradReducer* embedding_reducer() { return embedding_reducer_.get(); }
-  /// Checkpoint parts of the stateful reducers ("dp_reducer", "embedding_reducer").
+  /// Checkpoint parts of the stateful reducers ("dp_reducer", "embedding_reducer"). Each reducer
+  /// knows its tensors by parameter name and shape (the DP list without the word embedding under
+  /// FE; the word embedding alone), so loading state kept for another list (e.g. FE switched)
+  /// throws StateMismatch naming the first difference (GradReducer::save).
   std::vector<CheckpointPart> checkpoint_parts();
   /// The gradients handed to the DP reducer, by parameter name (for records()).
   const std::vector<std::string>& dp_tensor_names() const { return dp_names_; }

@@ -5,6 +5,7 @@
 
 #include "compression/codecs.h"
 
+#include <algorithm>
 #include <chrono>
 #include <stdexcept>
 
@@ -217,6 +218,67 @@ void PipelineCodec::load(torch::serialize::InputArchive& archive) {
     lep.read(std::to_string(mb), t);
     lep_buffers_[static_cast<int>(mb)] = t;
   }
+  check_loaded_state();
+}
+
+void PipelineCodec::check_loaded_state() const {
+  if (!expected_) return;
+  const auto expected = expected_state();
+  for (const TensorSpec& held : held_state()) {
+    auto it = std::find_if(expected.begin(), expected.end(), [&](const TensorSpec& e) { return e.name == held.name; });
+    if (it != expected.end() && it->shape == held.shape) continue;
+    throw StateMismatch(fmt::format(
+        "{} in the checkpoint, {} in this run (this rank sends forward slices of {} and backward slices of {} "
+        "elements, {} micro-batches per step)",
+        describe(held), it == expected.end() ? "none" : describe_shape(it->shape), expected_->forward_slice,
+        expected_->backward_slice, expected_->microbatches));
+  }
+}
+
+void PipelineCodec::expect_messages(int64_t forward_slice, int64_t backward_slice, int64_t microbatches) {
+  expected_ = Messages{forward_slice, backward_slice, microbatches};
+}
+
+std::vector<TensorSpec> PipelineCodec::expected_state() const {
+  std::vector<TensorSpec> out;
+  if (!expected_) return out;
+  const char* names[2] = {"forward", "backward"};
+  const ActCodec* codecs[2] = {forward_.get(), backward_.get()};
+  const int64_t slices[2] = {expected_->forward_slice, expected_->backward_slice};
+  for (int i = 0; i < 2; ++i) {
+    if (!codecs[i] || slices[i] <= 0) continue;
+    for (auto spec : codecs[i]->state_for(slices[i])) out.push_back({names[i] + ("." + spec.name), spec.shape});
+  }
+  if (!backward_ || slices[1] <= 0 || lep_ == LepMode::kOff) return out;
+  if (lep_ == LepMode::kLazy) {
+    out.push_back({"lep", {slices[1]}});
+  } else {
+    for (int64_t mb = 0; mb < expected_->microbatches; ++mb) out.push_back({"lep." + std::to_string(mb), {slices[1]}});
+  }
+  return out;
+}
+
+std::vector<TensorSpec> PipelineCodec::held_state() const {
+  std::vector<TensorSpec> out;
+  const char* names[2] = {"forward", "backward"};
+  const ActCodec* codecs[2] = {forward_.get(), backward_.get()};
+  for (int i = 0; i < 2; ++i) {
+    if (!codecs[i]) continue;
+    for (auto spec : codecs[i]->held_state()) out.push_back({names[i] + ("." + spec.name), spec.shape});
+  }
+  for (const auto& [mb, t] : lep_buffers_) {
+    if (!t.defined()) continue;
+    out.push_back({lep_ == LepMode::kLazy ? std::string("lep") : "lep." + std::to_string(mb), t.sizes().vec()});
+  }
+  return out;
+}
+
+std::shared_ptr<PipelineCodec> PipelineCodec::fork() const {
+  auto f = std::make_shared<PipelineCodec>(forward_ ? forward_->clone() : nullptr,
+                                           backward_ ? backward_->clone() : nullptr, phases_, lep_);
+  for (const auto& [mb, t] : lep_buffers_) f->lep_buffers_[mb] = t.defined() ? t.clone() : t;
+  f->expected_ = expected_;
+  return f;
 }
 
 }  // namespace optcc

@@ -33,6 +33,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,14 +109,36 @@ class PipelineCodec : public MessageCodec {
   OrthogonalityRecord orthogonality() const;
 
   /// Sender state: codec states (lowrank Q, generator) and LEP buffers, for checkpoints (BR-03).
+  /// After expect_messages(), load() checks every saved state tensor against expected_state() and
+  /// throws StateMismatch (a std::invalid_argument) naming the first one that this run would not
+  /// keep, or keep with another shape (the codec is then unusable: do not start the run).
   void save(torch::serialize::OutputArchive& archive) const;
   void load(torch::serialize::InputArchive& archive);
+
+  /// The messages this rank will encode: the flat slice length of its forward and of its backward
+  /// sends (N/t with TP scatter-gather, else N; 0 when the stage sends none that way) and the
+  /// micro-batches per step. Declared by the owner before load().
+  void expect_messages(int64_t forward_slice, int64_t backward_slice, int64_t microbatches);
+  /// The state this codec keeps for those messages, by name: "forward.q" / "backward.q" (the
+  /// codec's ActCodec::state_for, e.g. lowrank's Q [cols, r]), "lep" (kLazy) or "lep.<mb>"
+  /// (kPerMicrobatch, mb < microbatches), each [backward_slice]. Empty before expect_messages().
+  std::vector<TensorSpec> expected_state() const;
+
+  /// A copy for messages that must not touch this codec (evaluation): the same options and
+  /// expected messages, its own copies of the codec states and LEP buffers, zero stats, no
+  /// diagnostics. Encoding with the copy leaves this codec bit-identical.
+  std::shared_ptr<PipelineCodec> fork() const;
 
   BackwardPhases phases() const { return phases_; }
   LepMode lep() const { return lep_; }
 
  private:
   const ActCodec* codec_for(const P2PMessage& msg, const P2PCall& call) const;
+  std::vector<TensorSpec> held_state() const;  // named as in expected_state()
+  void check_loaded_state() const;             // held vs expected; StateMismatch
+  struct Messages {
+    int64_t forward_slice = 0, backward_slice = 0, microbatches = 0;
+  };
 
   std::unique_ptr<ActCodec> forward_;   // null = identity
   std::unique_ptr<ActCodec> backward_;  // null = identity
@@ -126,6 +149,7 @@ class PipelineCodec : public MessageCodec {
   bool check_orth_ = false;
   std::map<int, torch::Tensor> orth_acts_;    // mb -> received activation slice (copy)
   std::map<int, torch::Tensor> orth_errors_;  // mb -> LEP error after its compressed send (copy)
+  std::optional<Messages> expected_;          // expect_messages()
 };
 
 }  // namespace optcc

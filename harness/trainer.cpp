@@ -103,8 +103,19 @@ StageRange stage_range(const Config& c, int stage) {
   return r;
 }
 
-double evaluate(GptModel& model, const Config& c, Distributed& d, StageLink& link, const data::GptDataset* valid) {
+// Evaluation never touches training state. Its pipeline messages go through a fork of the
+// training codec (PipelineCodec::fork: the same options and a copy of the current warm-start Q /
+// LEP buffers), so it measures the model with the compression training would apply at this step,
+// and the training codec (its Q, generators, LEP buffers, stats, Fig. 11 records) is left as it
+// was; each evaluation forks afresh, so its value does not depend on earlier evaluations. Dropout is
+// off (eval mode); the default CPU and attention generators are restored all the same. Its data
+// come from its own loader over the validation split; DP reducers are not used.
+double evaluate(GptModel& model, const Config& c, Distributed& d, const PipelineCodec& codec,
+                const std::vector<int64_t>& act_shape, const data::GptDataset* valid) {
   torch::NoGradGuard no_grad;
+  StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape}, torch::kFloat, codec.fork());
+  auto cpu_gen = at::detail::getDefaultCPUGenerator();
+  const torch::Tensor cpu_state = cpu_gen.get_state(), attention_state = model->attention_generator().get_state();
   model->eval();
   const auto& st = model->stage();
   std::unique_ptr<BatchLoader> loader;
@@ -125,6 +136,8 @@ double evaluate(GptModel& model, const Config& c, Distributed& d, StageLink& lin
     }
   }
   model->train();
+  cpu_gen.set_state(cpu_state);
+  model->attention_generator().set_state(attention_state);
   // Average over micro-batches and data-parallel replicas; known on every rank.
   const bool reporter = st.is_last && d.coord().tp == 0;
   auto t = torch::tensor({reporter ? sum / c.train.eval_iters / c.parallel.dp : 0.0}, torch::kDouble);
@@ -384,6 +397,11 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
                                 [](auto&) {}});  // read before GradientSync, see above
   }
   if (codec->compresses_backward() || codec->compresses_forward()) {
+    // The messages this rank encodes, so that loading checks the saved Q / LEP buffers against them.
+    int64_t slice = 1;
+    for (int64_t n : act_shape) slice *= n;
+    if (link.scatter_gather(act_shape)) slice /= cfg.parallel.tp;
+    codec->expect_messages(range.is_last ? 0 : slice, range.is_first ? 0 : slice, m);
     PipelineCodec* c = codec.get();
     checkpoint_parts.push_back({"pipeline_codec",
                                 fmt::format("fwd={} bwd={} phases={} lep={}", to_yaml_value(comp.pipeline_forward),
@@ -469,8 +487,9 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
 
   auto run_eval = [&](int64_t step) {
     if (!data.valid) return;  // empty validation split (the same on every rank)
-    const double loss = evaluate(model, cfg, d, link, data.valid.get());
-    d.meter.reset();  // /traffic is per training step: evaluation's messages are not counted
+    const TrafficMeter before = d.meter;  // /traffic is per training step: evaluation's bytes are not counted
+    const double loss = evaluate(model, cfg, d, *codec, act_shape, data.valid.get());
+    d.meter = before;
     const Perplexity ppl = perplexity(loss);  // NaN stays NaN; a capped value is marked
     summary.eval_losses.push_back(loss);
     if (sink) {

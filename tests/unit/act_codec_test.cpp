@@ -271,5 +271,25 @@ TEST(ActCodecContract, RejectsBadInputsAndStaleErrors) {
   EXPECT_THROW(codec->decode(p, 6), std::invalid_argument);
 }
 
+// clone(): the same options and a copy of the state. Encoding with one clone never changes another
+// or the original (evaluation sends through a copy of the training codec).
+TEST(ActCodecClone, ClonesEncodeAlikeAndIndependently) {
+  const auto x1 = randn({8 * 12}, 21), x2 = randn({8 * 12}, 22), x3 = randn({8 * 12}, 23);
+  for (const auto& name : act_codec_names()) {
+    const std::string o = name == "lowrank" ? "{rank: 3, hidden: 12}"
+                          : name == "int8" || name == "int4" ? "{hidden: 12}"
+                          : name == "topk" ? "{fraction: 0.25}" : "{}";
+    auto a = make_act_codec(name, opts(o));
+    a->encode(x1);
+    auto b = a->clone(), c = a->clone();
+    EXPECT_EQ(b->name(), name);
+    b->encode(x3);
+    b->encode(x1);
+    const auto pa = a->encode(x2), pc = c->encode(x2);
+    ASSERT_EQ(pa.parts.size(), pc.parts.size()) << name;
+    for (size_t i = 0; i < pa.parts.size(); ++i) EXPECT_TRUE(torch::equal(pa.parts[i], pc.parts[i])) << name << " " << i;
+  }
+}
+
 }  // namespace
 }  // namespace optcc

@@ -13,6 +13,7 @@
 
 #include <map>
 #include <mutex>
+#include <sstream>
 
 #include "compression/codecs.h"
 #include "harness/layout.h"
@@ -150,6 +151,101 @@ TEST(PipelineCodecLep, UncompressedSendsLeaveTheBufferAndSaveLoadRoundTrips) {
   const auto a = codec->encode(flush.messages[0], flush, x), b = copy->encode(flush.messages[0], flush, x);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i]));
   EXPECT_TRUE(torch::equal(codec->lep_error(), copy->lep_error()));
+}
+
+// ---- state belongs to the messages it was kept for (issue 9, items 4 and 5) --------------------
+
+P2PCall backward_send(int mb) { return P2PCall{{{P2PDir::kSendBackward, mb, 0}}, PipePhase::kSteady, true}; }
+P2PCall forward_send(int mb) { return P2PCall{{{P2PDir::kSendForward, mb, 0}}, PipePhase::kSteady, false}; }
+
+std::stringstream saved(const PipelineCodec& codec) {
+  torch::serialize::OutputArchive out;
+  codec.save(out);
+  std::stringstream blob;
+  out.save_to(blob);
+  return blob;
+}
+
+void load(PipelineCodec& codec, std::stringstream& blob) {
+  blob.clear();
+  blob.seekg(0);
+  torch::serialize::InputArchive in;
+  in.load_from(blob);
+  codec.load(in);
+}
+
+// Per-micro-batch LEP over 3 slots of a 16-element slice (hidden 4, rank 2): a run expecting
+// other slices, fewer slots or no backward sends refuses the state, naming the first misfit.
+TEST(PipelineCodecState, LoadRefusesStateKeptForOtherMessages) {
+  auto codec = cb(2, 4, BackwardPhases::kAll, LepMode::kPerMicrobatch);
+  for (int mb = 0; mb < 3; ++mb) {
+    const auto call = backward_send(mb);
+    codec->encode(call.messages[0], call, torch::arange(16, torch::kFloat).add(mb).sin());
+  }
+  auto blob = saved(*codec);
+  auto same = cb(2, 4, BackwardPhases::kAll, LepMode::kPerMicrobatch);
+  same->expect_messages(0, 16, 3);
+  EXPECT_NO_THROW(load(*same, blob));
+  EXPECT_TRUE(torch::equal(same->lep_error(2), codec->lep_error(2)));
+  struct Case {
+    int64_t forward, backward, m;
+    std::string what;
+  };
+  for (const Case& c : {Case{0, 32, 3, "'lep.0' [16] in the checkpoint, [32] in this run"},
+                        Case{0, 16, 2, "'lep.2' [16] in the checkpoint, none in this run"},
+                        Case{16, 0, 3, "'backward.q' [4, 2] in the checkpoint, none in this run"}}) {
+    auto other = cb(2, 4, BackwardPhases::kAll, LepMode::kPerMicrobatch);
+    other->expect_messages(c.forward, c.backward, c.m);
+    try {
+      load(*other, blob);
+      ADD_FAILURE() << "loaded " << c.what;
+    } catch (const StateMismatch& e) {
+      EXPECT_NE(std::string(e.what()).find(c.what), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A fork starts from the codec's current state (its first encode equals the codec's next one) and
+// never changes the codec: after messages through the fork, the codec encodes exactly as a copy
+// that never saw them, with the same LEP buffer and stats.
+TEST(PipelineCodecState, ForkStartsFromTheStateAndLeavesItUntouched) {
+  auto make = [] {
+    return std::make_shared<PipelineCodec>(make_act_codec("lowrank", opts({{"rank", 2}, {"hidden", 4}})),
+                                           make_act_codec("lowrank", opts({{"rank", 2}, {"hidden", 4}, {"seed", 3}})),
+                                           BackwardPhases::kAll, LepMode::kLazy);
+  };
+  auto x = [](int i) { return torch::arange(16, torch::kFloat).mul(0.3 + i).cos(); };
+  const auto fwd = forward_send(0), bwd = backward_send(0);
+  {  // before any Q exists: the fork draws its first Q from its own copy of the generator
+    auto fresh = make(), untouched = make();
+    fresh->fork()->encode(fwd.messages[0], fwd, x(0));
+    const auto a = fresh->encode(fwd.messages[0], fwd, x(1)), b = untouched->encode(fwd.messages[0], fwd, x(1));
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "fresh, part " << i;
+  }
+  auto codec = make();
+  codec->encode(fwd.messages[0], fwd, x(0));
+  codec->encode(bwd.messages[0], bwd, x(1));
+  auto control = make();
+  auto blob = saved(*codec);
+  load(*control, blob);
+  const PipelineCodecStats before = codec->stats();
+  auto fork = codec->fork();
+  const auto first = fork->encode(fwd.messages[0], fwd, x(2));
+  for (int i = 3; i < 6; ++i) {
+    fork->encode(fwd.messages[0], fwd, x(i));
+    fork->encode(bwd.messages[0], bwd, x(i));
+  }
+  EXPECT_EQ(codec->stats().forward_sends, before.forward_sends);
+  EXPECT_EQ(codec->stats().backward_sends, before.backward_sends);
+  EXPECT_TRUE(torch::equal(codec->lep_error(), control->lep_error()));
+  const auto a = codec->encode(fwd.messages[0], fwd, x(2)), b = control->encode(fwd.messages[0], fwd, x(2));
+  const auto c = codec->encode(bwd.messages[0], bwd, x(6)), d = control->encode(bwd.messages[0], bwd, x(6));
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(torch::equal(a[i], first[i])) << "part " << i;
+    EXPECT_TRUE(torch::equal(a[i], b[i])) << "part " << i;
+    EXPECT_TRUE(torch::equal(c[i], d[i])) << "part " << i;
+  }
+  EXPECT_TRUE(torch::equal(codec->lep_error(), control->lep_error()));
 }
 
 // ---- every codec through StageLink with TP scatter-gather -----------------------------------
