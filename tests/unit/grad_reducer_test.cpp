@@ -283,9 +283,9 @@ TEST(PowerSgd, ReproducesARankAtMostRMatrixInOneStepAndWithWarmStart) {
 
 // ---- every reducer: never worse than sending nothing ----------------------------------------
 
-// Gradient matrices [64, 48] that low-rank and quantising reducers find hard (as act_codec_test's).
+// Gradient matrices [100, 48] that low-rank and quantising reducers find hard (as act_codec_test's).
 torch::Tensor hard_gradient(const std::string& kind, uint64_t seed) {
-  const int64_t rows = 64, cols = 48;
+  const int64_t rows = 100, cols = 48;
   if (kind == "zero") return torch::zeros({rows, cols});
   if (kind == "constant") return torch::full({rows, cols}, 0.375f);
   if (kind == "rank1") return randn({rows, 1}, seed).mm(randn({1, cols}, seed + 1));
@@ -386,7 +386,7 @@ TEST(PowerSgd, WarmStartRecoversAfterZeroAndRankDeficientGradients) {
       o.error_feedback = false;
       PowerSgdReducer red(o);
       int64_t step = 0;
-      for (const auto& before : {torch::zeros({64, 48}), torch::full({64, 48}, 0.5f)}) {
+      for (const auto& before : {torch::zeros({100, 48}), torch::full({100, 48}, 0.5f)}) {
         std::vector<torch::Tensor> g{before.clone()};
         red.reduce(g, *comm, step++);
         const auto rank3 = hard_gradient("rank3", 70);
