@@ -241,8 +241,28 @@ void orthogonalize_qr_(torch::Tensor& m) {
 int64_t refill_zero_columns_(torch::Tensor& q, at::Generator& gen, const std::function<void(torch::Tensor&)>& orth) {
   TORCH_CHECK(q.dim() == 2 && q.scalar_type() == torch::kFloat, "refill_zero_columns_: needs a 2-D fp32 tensor");
   torch::NoGradGuard no_grad;
-  const auto zero = (q.abs().amax(0) == 0).cpu();  // [cols] bool; the one host sync
-  const auto idx = zero.nonzero().view({-1});      // [z] int64
+  torch::Tensor idx;  // [z] int64, the zero columns
+  if (q.is_cpu() && q.is_contiguous()) {  // a scan that usually stops after the first row
+    const int64_t rows = q.size(0), cols = q.size(1);
+    const float* p = q.data_ptr<float>();
+    thread_local std::vector<char> nonzero;
+    nonzero.assign(static_cast<size_t>(cols), 0);
+    int64_t left = cols;  // columns without a non-zero entry so far
+    for (int64_t i = 0; i < rows && left > 0; ++i) {
+      for (int64_t j = 0; j < cols; ++j) {
+        if (!nonzero[j] && p[i * cols + j] != 0.0f) nonzero[j] = 1, --left;
+      }
+    }
+    if (left == 0) return 0;
+    std::vector<int64_t> zero;
+    for (int64_t j = 0; j < cols; ++j) {
+      if (!nonzero[j]) zero.push_back(j);
+    }
+    if (zero.empty()) return 0;
+    idx = torch::tensor(zero, torch::kLong);
+  } else {
+    idx = (q.abs().amax(0) == 0).cpu().nonzero().view({-1});  // the one host sync
+  }
   const int64_t z = idx.numel();
   if (z == 0) return 0;
   const auto fresh = torch::randn({q.size(0), z}, gen, torch::kFloat).to(q.device());  // [rows, z]

@@ -68,6 +68,57 @@ std::vector<size_t> document_order(size_t n, bool shuffle, uint64_t seed) {
   return order;
 }
 
+struct TokenIds {
+  int64_t tokens = 0, min = 0, max = -1;  // count and range of the ids written (max -1: none)
+};
+
+// Writes <prefix>.bin/.idx: one sequence (= one document) per entry of `ids`, in document_order().
+TokenIds write_documents(const PrepareOptions& o, DType dtype, const std::vector<std::vector<int>>& ids) {
+  IndexedDatasetBuilder builder(o.output_prefix, dtype);
+  TokenIds r;
+  int64_t lo = std::numeric_limits<int64_t>::max();
+  std::vector<int64_t> seq;
+  for (size_t i : document_order(ids.size(), o.shuffle_documents, o.tokenizer.seed)) {
+    seq.assign(ids[i].begin(), ids[i].end());
+    for (int64_t id : seq) lo = std::min(lo, id), r.max = std::max(r.max, id);
+    builder.add_sequence(seq);
+    builder.end_document();
+    r.tokens += int64_t(seq.size());
+  }
+  builder.finalize();
+  r.min = r.max < 0 ? 0 : lo;
+  return r;
+}
+
+// SHA-256 of the documents of one source (as read: after JSONL decoding), NUL-separated.
+std::string documents_sha256(const std::vector<std::string>& docs, size_t begin, size_t end) {
+  std::string all;
+  for (size_t i = begin; i < end; ++i) all.append(docs[i]).push_back('\0');
+  return sha256_hex(all.data(), all.size());
+}
+
+struct Inputs {
+  std::vector<std::string> docs;                           // every input's documents, in order
+  nlohmann::json sources = nlohmann::json::array();        // per input: {path, documents, sha256}
+  std::vector<size_t> end;                                 // docs index where each input ends
+};
+
+// Reads and validates every input (errors name the file and line).
+Inputs read_inputs(const PrepareOptions& o, const PrepareLogFn& log) {
+  Inputs in;
+  for (const auto& path : o.inputs) {
+    int64_t empty = 0;
+    auto part = read_documents(path, o.json_key, &empty);
+    if (part.empty()) throw std::runtime_error(fmt::format("{}: no documents (empty input?)", path));
+    say(log, fmt::format("{}: {} documents{}", path, part.size(), empty ? fmt::format(" ({} empty skipped)", empty) : ""));
+    const size_t begin = in.docs.size();
+    for (auto& d : part) in.docs.push_back(std::move(d));
+    in.end.push_back(in.docs.size());
+    in.sources.push_back({{"path", path}, {"documents", part.size()}, {"sha256", documents_sha256(in.docs, begin, in.docs.size())}});
+  }
+  return in;
+}
+
 // Everything the tokenizer model depends on: its settings and the content of every source, in
 // order (a changed file, an added or removed source, or another order trains a different model).
 nlohmann::json training_record(const PrepareOptions& o, const nlohmann::json& sources) {
@@ -81,13 +132,6 @@ nlohmann::json training_record(const PrepareOptions& o, const nlohmann::json& so
           {"sources", src}};
 }
 
-// SHA-256 of the documents of one source (as read: after JSONL decoding), NUL-separated.
-std::string documents_sha256(const std::vector<std::string>& docs, size_t begin, size_t end) {
-  std::string all;
-  for (size_t i = begin; i < end; ++i) all.append(docs[i]).push_back('\0');
-  return sha256_hex(all.data(), all.size());
-}
-
 std::string file_sha256(const std::string& path) {
   const std::string bytes = read_file(path);
   return sha256_hex(bytes.data(), bytes.size());
@@ -99,7 +143,7 @@ nlohmann::json read_json_or_null(const std::string& path) {
   return nlohmann::json::parse(read_file(path), nullptr, /*allow_exceptions=*/false);
 }
 
-// How the sources differ, e.g. "sources: a.jsonl (content changed)" or "sources: [a] -> [a, b]".
+// How the sources differ: "content of a.jsonl changed" or "sources [a.jsonl] -> [a.jsonl, b.txt]".
 std::string sources_change(const nlohmann::json& before, const nlohmann::json& now) {
   auto paths = [](const nlohmann::json& list) {
     std::vector<std::string> p;
@@ -160,19 +204,10 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareLogFn& log)
 
   // 1. Read and validate every input before spending minutes on training.
   auto t0 = Clock::now();
-  std::vector<std::string> docs;
-  nlohmann::json sources = nlohmann::json::array();
-  std::vector<size_t> source_end;  // docs index where each input ends
-  for (const auto& path : o.inputs) {
-    int64_t empty = 0;
-    auto part = read_documents(path, o.json_key, &empty);
-    if (part.empty()) throw std::runtime_error(fmt::format("{}: no documents (empty input?)", path));
-    say(log, fmt::format("{}: {} documents{}", path, part.size(), empty ? fmt::format(" ({} empty skipped)", empty) : ""));
-    const size_t begin = docs.size();
-    for (auto& d : part) docs.push_back(std::move(d));
-    source_end.push_back(docs.size());
-    sources.push_back({{"path", path}, {"documents", part.size()}, {"sha256", documents_sha256(docs, begin, docs.size())}});
-  }
+  Inputs in = read_inputs(o, log);
+  const std::vector<std::string>& docs = in.docs;
+  nlohmann::json& sources = in.sources;
+  const std::vector<size_t>& source_end = in.end;
   sum.read_seconds = seconds_since(t0);
 
   // 2. Tokenizer: reuse it only if it was trained with these settings on these sources.
@@ -196,17 +231,8 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareLogFn& log)
   const auto ids = tokenize_all(tok, docs, o.num_threads);
   const DType dtype = token_dtype_for_vocab(sum.vocab_size);
   sum.dtype = dtype_name(dtype);
-  IndexedDatasetBuilder builder(o.output_prefix, dtype);
-  std::vector<int64_t> seq;
-  int min_id = std::numeric_limits<int>::max(), max_id = -1;
-  for (size_t i : document_order(ids.size(), o.shuffle_documents, o.tokenizer.seed)) {
-    seq.assign(ids[i].begin(), ids[i].end());
-    for (int id : ids[i]) min_id = std::min(min_id, id), max_id = std::max(max_id, id);
-    builder.add_sequence(seq);
-    builder.end_document();
-    sum.tokens += int64_t(seq.size());
-  }
-  builder.finalize();
+  const TokenIds range = write_documents(o, dtype, ids);
+  sum.tokens = range.tokens;
   for (size_t src = 0, i = 0; src < source_end.size(); ++src) {
     int64_t tokens = 0;
     for (; i < source_end[src]; ++i) tokens += int64_t(ids[i].size());
@@ -221,7 +247,7 @@ PrepareSummary prepare_dataset(const PrepareOptions& o, const PrepareLogFn& log)
                                                                 : std::string("input")},
                          {"sources", sources},
                          // What the training binary checks before the first step (dataset_vocab):
-                         {"min_token_id", max_id < 0 ? 0 : min_id}, {"max_token_id", max_id},
+                         {"min_token_id", range.min}, {"max_token_id", range.max},
                          {"index_sha256", IndexedDataset(o.output_prefix).index_digest()},
                          // What the tokenizer was trained with: a change retrains (train_reason).
                          {"tokenizer_training", record}};
