@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
+#include <limits>
 #include <stdexcept>
 
 #include "compression/orthogonalize.h"  // MGS and the fp32 GEMM, shared with the DP PowerSGD reducer
@@ -18,7 +20,12 @@ std::string CastCodec::name() const {
 }
 
 Payload CastCodec::encode_impl(const torch::Tensor& x) {
-  return {{dtype_ == torch::kFloat ? x.contiguous() : x.to(dtype_).contiguous()}};
+  if (dtype_ == torch::kFloat) return {{x.contiguous()}};
+  // Saturate: a value beyond the wire type's range is sent as its largest finite value, not as
+  // inf (an error larger than the value itself). NaN stays NaN.
+  const double top = dtype_ == torch::kHalf ? static_cast<double>(std::numeric_limits<c10::Half>::max())
+                                            : static_cast<double>(std::numeric_limits<c10::BFloat16>::max());
+  return {{x.clamp(-top, top).to(dtype_).contiguous()}};  // (CPU has no clamp for Half)
 }
 
 torch::Tensor CastCodec::decode(const Payload& p, int64_t numel) const {
@@ -71,7 +78,7 @@ Payload LowRankCodec::encode_impl(const torch::Tensor& x) {
   } else {
     q = q_.to(x.device()).clone();  // the previous payload keeps its Q untouched
   }
-  auto orthogonalize = [this](torch::Tensor& t) {
+  const std::function<void(torch::Tensor&)> orthogonalize = [this](torch::Tensor& t) {
     if (qr_) {
       orthogonalize_qr_(t);
     } else {
@@ -79,6 +86,7 @@ Payload LowRankCodec::encode_impl(const torch::Tensor& x) {
     }
   };
   orthogonalize(q);
+  refill_zero_columns_(q, gen_, orthogonalize);  // after a zero / rank-deficient message
   auto p = torch::empty({rows, r}, m.options());
   mm_f32_out(p, m, q);  // P = M Q [rows, r]
   orthogonalize(p);
@@ -151,9 +159,14 @@ Payload QuantCodec::encode_impl(const torch::Tensor& x) {
   const int64_t numel = x.numel();
   const auto m = x.contiguous().view({rows(numel), hidden_});  // [rows, hidden]
   const double levels = (1 << bits_) - 1;
-  const auto lo = std::get<0>(m.min(1, /*keepdim=*/true));      // [rows, 1]
-  const auto scale = (std::get<0>(m.max(1, true)) - lo) / levels;
+  const auto lo_row = std::get<0>(m.min(1, /*keepdim=*/true));  // [rows, 1]
+  const auto hi_row = std::get<0>(m.max(1, true));              // [rows, 1]
+  const auto scale = (hi_row - lo_row) / levels;
   const auto safe = torch::where(scale > 0, scale, torch::ones_like(scale));  // constant row: q = 0
+  // A row with min < 0 < max gets the grid lo = −z·scale (z = round(−min/scale)), so 0 is on it
+  // and decodes to exactly 0: every element then decodes at least as close to itself as 0 is.
+  const auto straddles = torch::logical_and(lo_row < 0, hi_row > 0);
+  const auto lo = torch::where(straddles, -((-lo_row / safe).round() * scale), lo_row);  // [rows, 1]
   auto q = ((m - lo) / safe).round_().clamp_(0, levels).to(torch::kByte);   // [rows, hidden]
   auto meta = torch::cat({scale, lo}, 1);                                   // [rows, 2]
   if (bits_ == 4) {

@@ -2,8 +2,9 @@
 // codec rejects keys it does not know.
 //
 //   none     no options. One part: x itself [numel], fp32 (no copy). Exact.
-//   fp16     no options. One part: x cast to fp16 [numel]. Error ≤ half an fp16 ulp (overflow -> inf).
-//   bf16     no options. Likewise in bf16.
+//   fp16     no options. One part: x cast to fp16 [numel]. Error ≤ half an fp16 ulp; values beyond
+//            ±65504 (and ±inf) saturate to ±65504, so |error| < |x| there too. NaN stays NaN.
+//   bf16     no options. Likewise in bf16 (saturating at ±3.39e38).
 //   lowrank  CB codec (spec §2). Options:
 //              rank        int, default 16: r = min(rank, rows, cols).
 //              view        token_major (default) | reference.
@@ -15,14 +16,21 @@
 //              seq_len, micro_batch   ints, required for reference (micro_batch % 8 == 0).
 //              seed        int, default 714: seeds the codec's own CPU generator (never the
 //                          global one, spec §10 item 7) that draws the initial Q.
-//              orthogonalize  mgs (default: the reference's MGS with the 1e-8 guard) | qr
-//                          (Householder; same span, and it keeps P̂ orthonormal when M is
-//                          ill-conditioned or of rank below r, where MGS loses orthogonality).
-//            Parts: P̂ [rows, r] fp32, Q [cols, r] fp32; 4·r·(rows+cols) bytes.
+//              orthogonalize  mgs (default: the reference's MGS with the 1e-8 guard, plus a
+//                          second pass where a column lost most of its norm) | qr (Householder;
+//                          same span). Either way P̂ has orthonormal or zero columns (a message
+//                          of rank below r gives zero columns), so decode = P̂P̂ᵀM is a
+//                          projection of M: ‖error‖ ≤ ‖M‖ for every message (orthogonalize.h).
+//            Parts: P̂ [rows, r] fp32, Q [cols, r] fp32; 4·r·(rows+cols) bytes. A zero column of
+//            the warm-start Q is refilled from the generator (orthogonalize.h).
 //   int8     Per-row asymmetric quantisation of the [numel/hidden, hidden] view. Option: hidden
-//            (required). q = round((x − min_row)/scale_row), scale_row = (max_row − min_row)/255.
-//            Parts: q uint8 [rows, hidden], {scale, min} fp32 [rows, 2]. Error ≤ scale/2 per element
-//            (plus fp32 rounding); exact for values on the row's grid min + k·scale.
+//            (required). q = clamp(round((x − lo_row)/scale_row), 0, 255), scale_row = (max_row −
+//            min_row)/255, lo_row = min_row, except in a row with min_row < 0 < max_row, where
+//            lo_row = −round(−min_row/scale_row)·scale_row puts 0 on the grid (an integer zero
+//            point). Parts: q uint8 [rows, hidden], {scale, lo} fp32 [rows, 2]; decode q·scale + lo.
+//            Error ≤ scale/2 and ≤ |x| per element (plus fp32 rounding), so ‖error‖ ≤ ‖x‖ for any
+//            row width (without the zero point, an int4 row of width > 450 could do worse than 0);
+//            exact for values on the row's grid lo + k·scale.
 //   int4     As int8 with 15 levels; two values per byte, element 2i in the low nibble of byte i.
 //            Parts: packed uint8 [ceil(numel/2)], {scale, min} fp32 [rows, 2].
 //   topk     Keeps the k largest |x|. Options: exactly one of fraction (0 < f ≤ 1, k =

@@ -106,6 +106,9 @@ torch::Tensor PowerSgdReducer::prepare_q(size_t i, int64_t cols, int64_t r) {
     q = torch::randn({cols, r}, gen_, torch::kFloat);  // randn locks the generator itself
   }
   orthogonalize(q);
+  // A zero column (tensor i was zero or of rank < r last time) would never revive: refill it. Q is
+  // the same on every DP rank (all-reduced), so every rank draws the same.
+  refill_zero_columns_(q, gen_, [this](torch::Tensor& t) { orthogonalize(t); });
   return q;
 }
 

@@ -13,11 +13,15 @@
 //      method before use (the paper-era code and the CB compressor do this; HEAD's DP reducer does
 //      not, spec §10.10: same span, so numerically close; we re-orthonormalise so Q stays well
 //      conditioned). First use, or warm_start off: randn [cols, r_eff] from a dedicated CPU
-//      generator seeded with `seed` on every rank (so all ranks draw the same Q; §10.7).
+//      generator seeded with `seed` on every rank (so all ranks draw the same Q; §10.7). A zero
+//      column of Q (the tensor was zero or of rank < r_eff last time) is refilled from that
+//      generator (identical Q on every rank, so identical draws) and Q orthonormalised again.
 //   5. P_i := M_i Q_i, all packed in ONE buffer [Σ rows_i·r_i] -> all-reduce (sum).
 //   6. raw tensors: ONE flat fp32 all-reduce [Σ numel] (sum), ÷ dp.
 //   7. P̂_i := orthogonalise(P_i);  Q_i := M_iᵀ P̂_i packed in ONE buffer [Σ cols_i·r_i]
 //      -> all-reduce (sum), ÷ dp.  out_i := P̂_i Q_iᵀ (≈ DP mean), cast out into grad_i.
+//      P̂_i has orthonormal or zero columns (orthogonalize.h), so with one rank (or identical
+//      inputs) out = P̂P̂ᵀM is a projection of M: ‖M − out‖ ≤ ‖M‖, exact for rank(M) ≤ r_eff.
 //   8. EF (on): averaged (default, paper/Optimus-CC/PyTorch hook): EF_i := M_i − out_i;
 //      local (epfml pip package, BR-05): EF_i := M_i − P̂_i Q_i,localᵀ (Q before its all-reduce).
 //      Raw tensors keep no EF (they are exact).

@@ -151,6 +151,12 @@ class RandomKReducer : public ElementwiseReducer {
 ///   Message per tensor: N codes int8 + ⌈N/bucket_size⌉ norms fp32 = N + 4⌈N/bucket_size⌉ bytes
 ///   (raw when that is ≥ 4N). All tensors' norms and codes in ONE uint8 buffer, one all-gather
 ///   (wire (n−1)·Σ bytes). out = Σ_r decode_r ÷ n.
+/// Its error is variance, not bounded by ‖c‖: a bucket of k entries of equal magnitude with √k > s
+/// has E‖decode − c_b‖² = (√k/s − 1)·‖c_b‖² (the worst case for entries below one level), so the
+/// expected error stays below the input's norm only while levels ≥ √bucket_size / 2 (defaults:
+/// 0.41·‖c_b‖²). With fewer levels (e.g. 4 at bucket_size 512: 4.7·‖c_b‖²) a constant gradient is
+/// reconstructed worse than sending nothing would be. Allowed (an unbiased compressor), but error
+/// feedback assumes ‖C(x) − x‖ < ‖x‖: with such settings keep error_feedback off.
 struct QsgdOptions {
   int64_t levels = 16;        // s, in [1, 127] (codes are int8)
   int64_t bucket_size = 512;  // elements per norm, ≥ 1: smaller = less variance, more bytes

@@ -7,12 +7,15 @@
 
 #include <cctype>
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "datasets/io_util.h"
 
@@ -383,5 +386,62 @@ std::vector<int64_t> IndexedDataset::read(int64_t i) const {
 }
 
 std::string IndexedDataset::index_digest() const { return sha256_hex(idx_map_, idx_size_); }
+
+namespace {
+
+template <typename T>
+IndexedDataset::TokenRange scan_range(const char* p, size_t count) {
+  T lo = std::numeric_limits<T>::max(), hi = std::numeric_limits<T>::lowest();
+  constexpr size_t kBlock = 4096;  // memcpy into an aligned block: the mapped data may be unaligned
+  T block[kBlock];
+  for (size_t i = 0; i < count; i += kBlock) {
+    const size_t n = std::min(kBlock, count - i);
+    std::memcpy(block, p + i * sizeof(T), n * sizeof(T));
+    for (size_t k = 0; k < n; ++k) lo = std::min(lo, block[k]), hi = std::max(hi, block[k]);
+  }
+  return {int64_t(lo), int64_t(hi)};
+}
+
+}  // namespace
+
+IndexedDataset::TokenRange IndexedDataset::token_range() const {
+  const size_t count = bin_size_ / itemsize_;
+  if (count == 0) return {};
+  switch (dtype_) {
+    case DType::kUInt8: return scan_range<uint8_t>(bin_map_, count);
+    case DType::kInt8: return scan_range<int8_t>(bin_map_, count);
+    case DType::kInt16: return scan_range<int16_t>(bin_map_, count);
+    case DType::kUInt16: return scan_range<uint16_t>(bin_map_, count);
+    case DType::kInt32: return scan_range<int32_t>(bin_map_, count);
+    case DType::kInt64: return scan_range<int64_t>(bin_map_, count);
+    default:
+      throw std::runtime_error(fmt::format("{}: dtype {} holds no token ids", bin_path_, dtype_name(dtype_)));
+  }
+}
+
+DatasetVocab dataset_vocab(const IndexedDataset& ds) {
+  DatasetVocab v;
+  nlohmann::json meta;
+  std::error_code ec;
+  if (std::filesystem::exists(ds.prefix() + ".json", ec)) {
+    meta = nlohmann::json::parse(read_file(ds.prefix() + ".json"), nullptr, /*allow_exceptions=*/false);
+  }
+  if (meta.is_object()) {
+    const auto& vs = meta.value("vocab_size", nlohmann::json());
+    if (vs.is_number_integer()) v.vocab_size = vs.get<int64_t>();
+    const auto& lo = meta.value("min_token_id", nlohmann::json());
+    const auto& hi = meta.value("max_token_id", nlohmann::json());
+    const auto& digest = meta.value("index_sha256", nlohmann::json());
+    if (lo.is_number_integer() && hi.is_number_integer() && digest.is_string() &&
+        digest.get<std::string>() == ds.index_digest()) {
+      v.min_token_id = lo.get<int64_t>(), v.max_token_id = hi.get<int64_t>();
+      v.from_metadata = true;
+      return v;
+    }
+  }
+  const auto r = ds.token_range();
+  v.min_token_id = r.min, v.max_token_id = r.max;
+  return v;
+}
 
 }  // namespace optcc::data

@@ -99,6 +99,11 @@ class IndexedDataset {
   // SHA-256 (hex) of the .idx bytes: identifies the layout (sizes, documents, dtype) for caches.
   std::string index_digest() const;
 
+  // Smallest and largest token id in the .bin: one sequential pass over the mapped file (about a
+  // second per GB). {0, -1} for a dataset without tokens.
+  struct TokenRange { int64_t min = 0, max = -1; };
+  TokenRange token_range() const;
+
  private:
   void validate_index(size_t idx_size);
   void validate_data();
@@ -121,5 +126,17 @@ class IndexedDataset {
   int64_t pointer_at(int64_t i) const;
   int64_t doc_idx_at(int64_t d) const;
 };
+
+// The token ids of a dataset and the vocabulary it was prepared for: what the training binary
+// checks against model.vocab_size before the first step (harness: check_dataset_vocab).
+// <prefix>.json, as `prepare` writes it, records min_token_id, max_token_id and index_sha256; when
+// its index_sha256 equals ds.index_digest() (the .json describes this .bin/.idx) those are used,
+// else the .bin is scanned (token_range(); e.g. Megatron-made datasets, or older .json files).
+struct DatasetVocab {
+  int64_t min_token_id = 0, max_token_id = -1;  // max -1: no tokens
+  int64_t vocab_size = 0;      // <prefix>.json "vocab_size"; 0 without a readable .json
+  bool from_metadata = false;  // ids read from <prefix>.json rather than scanned
+};
+DatasetVocab dataset_vocab(const IndexedDataset& ds);
 
 }  // namespace optcc::data

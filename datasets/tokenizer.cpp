@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <stdexcept>
 #include <unordered_map>
 
@@ -33,6 +34,22 @@ void write_training_lines(std::ofstream& out, const std::string& doc) {
     if (end > a) out.write(doc.data() + a, std::streamsize(end - a)) << '\n';
     start = end + 1;
   }
+}
+
+// SentencePiece's "Vocabulary size too high (V). Please set it to a value <= N." names neither
+// the config key nor the flag; say which setting to change and to what.
+std::string training_error(const std::string& status, const std::string& model_prefix,
+                           const TokenizerTrainOptions& o, size_t documents) {
+  static const std::regex too_high("vocabulary size too high.*<= *([0-9]+)", std::regex::icase);
+  std::smatch m;
+  if (std::regex_search(status, m, too_high)) {
+    return fmt::format("tokenizer {}: vocabulary size {} is too large for this corpus ({} documents): it yields at "
+                       "most {} pieces. Fix: set data.vocab_size (`optcc data prepare`; --vocab-size for "
+                       "`optcc-data prepare`) to at most {}, or add text to data.sources. (SentencePiece: {})",
+                       model_prefix, o.vocab_size, documents, m[1].str(), m[1].str(), status);
+  }
+  return fmt::format("SentencePiece training for {} failed: {} (vocab_size {}, {} documents)", model_prefix, status,
+                     o.vocab_size, documents);
 }
 
 }  // namespace
@@ -68,9 +85,7 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
       {"minloglevel", "1"},  // SentencePiece's per-iteration INFO lines are noise here
   };
   const auto status = sentencepiece::SentencePieceTrainer::Train(args);
-  if (!status.ok())
-    throw std::runtime_error(fmt::format("SentencePiece training for {} failed: {} (vocab_size {}, {} documents)",
-                                         model_prefix, status.ToString(), o.vocab_size, documents.size()));
+  if (!status.ok()) throw std::runtime_error(training_error(status.ToString(), model_prefix, o, documents.size()));
   commit_file(tmp_prefix + ".vocab", model_prefix + ".vocab");
   commit_file(tmp_prefix + ".model", model_prefix + ".model");
 }

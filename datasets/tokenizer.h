@@ -27,7 +27,8 @@ struct TokenizerTrainOptions {
 // Trains a model on `documents` and writes <model_prefix>.model and <model_prefix>.vocab (atomically:
 // trained under a temp prefix, then renamed). Documents are fed as lines: split at "\n", and long lines
 // cut at spaces into pieces of <= 2000 bytes (SentencePiece skips lines over max_sentence_length).
-// Throws std::runtime_error with SentencePiece's message on failure (e.g. vocab too large for the text).
+// Throws std::runtime_error with SentencePiece's message on failure; a vocabulary too large for the
+// text says so with the largest size the text allows and the setting to change (data.vocab_size).
 void train_tokenizer(const std::vector<std::string>& documents, const std::string& model_prefix,
                      const TokenizerTrainOptions& options);
 

@@ -225,6 +225,13 @@ int64_t sc_way(const Config& c);
 /// If model.vocab_size is 0, reads it from <data.prefix>.json; throws ConfigError if unavailable.
 void resolve_vocab(Config& cfg);
 
+/// Before the first step (the trainer's open_data): every token id of the dataset must index the
+/// embedding, i.e. 0 ≤ min_token_id and max_token_id < model.vocab_size (after resolve_vocab);
+/// and the .bin must fit the .json next to it (max_token_id < dataset_vocab_size when that is
+/// known, > 0). Throws ConfigError naming both sizes, model.vocab_size / data.vocab_size and the
+/// fix, instead of LibTorch's "index out of range in self" at the first forward.
+void check_dataset_vocab(const Config& cfg, int64_t min_token_id, int64_t max_token_id, int64_t dataset_vocab_size);
+
 }  // namespace optcc
 
 #include "harness/config_fields.h"

@@ -370,4 +370,29 @@ void resolve_vocab(Config& cfg) {
   }
 }
 
+void check_dataset_vocab(const Config& cfg, int64_t min_token_id, int64_t max_token_id, int64_t dataset_vocab_size) {
+  const std::string& prefix = cfg.data.prefix;
+  const std::string config = cfg.source_path.empty() ? "<config>" : cfg.source_path;
+  if (min_token_id < 0) {
+    throw ConfigError(fmt::format("data error: {}.bin holds the negative token id {}; token ids index the embedding "
+                                  "and must be >= 0. Fix: rebuild the dataset with `optcc data prepare --config {} "
+                                  "--retrain`.", prefix, min_token_id, config));
+  }
+  if (dataset_vocab_size > 0 && max_token_id >= dataset_vocab_size) {
+    throw ConfigError(fmt::format(
+        "data error: {}.bin holds token id {} but {}.json says vocab_size {}: the .bin/.idx and the .json (and "
+        "perhaps the .model) come from different `prepare` runs. Fix: rebuild them together with `optcc data "
+        "prepare --config {} --retrain`.", prefix, max_token_id, prefix, dataset_vocab_size, config));
+  }
+  if (max_token_id >= cfg.model.vocab_size) {
+    throw ConfigError(fmt::format(
+        "config error: model.vocab_size = {} but the dataset {} holds token ids up to {} (prepared with vocab_size "
+        "{}); ids must be < model.vocab_size. Fix: set model.vocab_size to 0 (take it from the dataset) or to at "
+        "least {}; or prepare the data for this model with data.vocab_size <= {} (`optcc data prepare --config {}`).",
+        cfg.model.vocab_size, prefix, max_token_id,
+        dataset_vocab_size > 0 ? std::to_string(dataset_vocab_size) : std::string("unknown: no .json"),
+        std::max(dataset_vocab_size, max_token_id + 1), cfg.model.vocab_size, config));
+  }
+}
+
 }  // namespace optcc

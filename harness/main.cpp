@@ -66,7 +66,7 @@ int run_data_tool(const std::vector<std::string>& args) {
 
 bool is_builtin_source(const std::string& s) { return s == "nlp-corpus" || s == "brown"; }
 
-int data_command(const std::string& action, const Config& cfg) {
+int data_command(const std::string& action, const Config& cfg, bool retrain) {
   std::vector<std::string> args = {action};
   if (action == "fetch") {
     args.insert(args.end(), {"--data-dir", cfg.data.dir});
@@ -82,6 +82,7 @@ int data_command(const std::string& action, const Config& cfg) {
     args.insert(args.end(), {"--output-prefix", cfg.data.prefix, "--vocab-size",
                              std::to_string(cfg.data.vocab_size), "--model-type",
                              cfg.data.tokenizer_type, "--seed", std::to_string(cfg.train.seed)});
+    if (retrain) args.push_back("--retrain");
   } else {
     args.insert(args.end(), {"--prefix", cfg.data.prefix});
   }
@@ -121,6 +122,9 @@ int main(int argc, char** argv) {
     add_config(sub);
     sub->callback([&data_action, name] { data_action = name; });
   }
+  bool data_retrain = false;
+  data->get_subcommand("prepare")->add_flag("--retrain", data_retrain,
+                                            "train the tokenizer anew even if it could be reused");
 
   auto* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
@@ -205,7 +209,7 @@ int main(int argc, char** argv) {
       if (!s.results_path.empty()) spdlog::info("done: steps {}..{}, results in {}", s.first_step, s.last_step, s.results_path);
       return 0;
     }
-    if (data->parsed()) return data_command(data_action, cfg);
+    if (data->parsed()) return data_command(data_action, cfg, data_retrain);
     if (bench_step_cmd->parsed()) {
       auto r = bench_step(cfg, bench_steps, bench_warmup, bench_threads);
       std::cout << fmt::format(

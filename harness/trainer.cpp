@@ -54,6 +54,8 @@ RunData open_data(const Config& c) {
         prefix, c.source_path, c.source_path));
   }
   auto indexed = std::make_shared<const data::IndexedDataset>(prefix);
+  const data::DatasetVocab vocab = data::dataset_vocab(*indexed);  // .json, or one scan of the .bin
+  check_dataset_vocab(c, vocab.min_token_id, vocab.max_token_id, vocab.vocab_size);
   const auto splits = data::split_documents(indexed->num_documents(), c.data.split);
   const std::string cache = (fs::path(c.data.dir) / "cache").string();
   const auto seed = static_cast<uint64_t>(c.train.seed);

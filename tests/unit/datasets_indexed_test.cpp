@@ -220,5 +220,49 @@ TEST_F(IndexedDatasetTest, MissingFilesAreReported) {
   expect_error<std::runtime_error>([&] { IndexedDataset ds(path("nothing")); }, {path("nothing") + ".idx", "cannot open", "prepare"});
 }
 
+// The training binary's vocabulary check reads the token id range: scanned from the .bin, for
+// every integer dtype (signed ones can hold negative ids), or taken from <prefix>.json only when
+// the .json names this very .idx.
+TEST_F(IndexedDatasetTest, TokenRangeScansEveryIntegerDtype) {
+  for (DType dt : {DType::kUInt8, DType::kInt8, DType::kInt16, DType::kUInt16, DType::kInt32, DType::kInt64}) {
+    IndexedDatasetBuilder b(path("r"), dt);
+    const int64_t lo = dtype_name(dt)[0] == 'u' ? 3 : -5;
+    b.add_sequence({7, lo, 100});
+    b.add_sequence({9, 4});
+    b.end_document();
+    b.finalize();
+    const auto r = IndexedDataset(path("r")).token_range();
+    EXPECT_EQ(r.min, lo) << dtype_name(dt);
+    EXPECT_EQ(r.max, 100) << dtype_name(dt);
+  }
+  IndexedDatasetBuilder empty(path("e"), DType::kUInt16);
+  empty.finalize();
+  const auto r = IndexedDataset(path("e")).token_range();
+  EXPECT_EQ(r.max, -1);
+}
+
+TEST_F(IndexedDatasetTest, DatasetVocabTrustsOnlyAJsonThatNamesThisIndex) {
+  const std::string p = write_docs("v", {5, 7, 3}, 250);  // ids 250..264
+  IndexedDataset ds(p);
+  DatasetVocab v = dataset_vocab(ds);  // no .json: scanned
+  EXPECT_FALSE(v.from_metadata);
+  EXPECT_EQ(v.min_token_id, 250);
+  EXPECT_EQ(v.max_token_id, 264);
+  EXPECT_EQ(v.vocab_size, 0);
+  write_file_atomic(p + ".json", R"({"vocab_size": 300, "min_token_id": 0, "max_token_id": 299, "index_sha256": ")" +
+                                     ds.index_digest() + "\"}");
+  v = dataset_vocab(ds);  // its own index: the recorded range is used as it stands
+  EXPECT_TRUE(v.from_metadata);
+  EXPECT_EQ(v.max_token_id, 299);
+  EXPECT_EQ(v.vocab_size, 300);
+  write_file_atomic(p + ".json", R"({"vocab_size": 300, "min_token_id": 0, "max_token_id": 299, "index_sha256": "00"})");
+  v = dataset_vocab(ds);  // another index's record: scanned
+  EXPECT_FALSE(v.from_metadata);
+  EXPECT_EQ(v.max_token_id, 264);
+  EXPECT_EQ(v.vocab_size, 300);
+  write_file_atomic(p + ".json", "not json");
+  EXPECT_EQ(dataset_vocab(ds).max_token_id, 264);
+}
+
 }  // namespace
 }  // namespace optcc::data

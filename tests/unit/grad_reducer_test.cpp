@@ -5,13 +5,17 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "compression/cast_reducer.h"
 #include "compression/grad_reducer.h"
 #include "compression/orthogonalize.h"
 #include "compression/powersgd.h"
+#include "compression/sparse_reducers.h"
 #include "tests/support/gloo_ranks.h"
 #include "tests/support/reducer_support.h"
 
@@ -102,6 +106,48 @@ TEST(Orthogonalize, ZeroColumnStaysExactlyZeroEvenWithoutEpsilon) {
   auto z = torch::zeros({6, 3});
   orthogonalize_qr_(z);
   EXPECT_TRUE(torch::equal(z, torch::zeros({6, 3})));
+}
+
+// The property the low-rank compressors need: every column unit length or exactly zero, the
+// unit ones orthogonal (so m·mᵀ is a projector), for inputs of rank below the column count and
+// nearly dependent ones (pass 2). Both MGS forms (CPU kernel, tensor operations) and QR.
+TEST(Orthogonalize, RankDeficientInputsGiveOrthonormalOrZeroColumns) {
+  struct Case {
+    std::string name;
+    torch::Tensor m;
+    int64_t rank;  // columns expected to stay (-1: all)
+  };
+  auto near = randn({100, 8}, 30);
+  near.select(1, 5).copy_(near.select(1, 1) * 3 + randn({100}, 31) * 1e-3);  // 1e-3 relative: a real direction
+  auto dup = randn({100, 8}, 32);
+  dup.select(1, 6).copy_(dup.select(1, 2) * -2);
+  std::vector<Case> cases = {
+      {"constant", torch::full({100, 8}, 0.375f), 1},
+      {"rank3", randn({100, 3}, 33).mm(randn({3, 8}, 34)), 3},
+      {"duplicate column", dup, 7},
+      {"nearly dependent", near, 8},
+      {"wide", randn({3, 8}, 35), 3},
+  };
+  using Method = std::pair<std::string, std::function<void(torch::Tensor&)>>;
+  for (const auto& [method, orth] :
+       {Method{"mgs", [](torch::Tensor& t) { orthogonalize_mgs_(t); }},
+        Method{"mgs tensor ops", [](torch::Tensor& t) { orthogonalize_mgs_tensor_ops_(t); }},
+        Method{"qr", [](torch::Tensor& t) { orthogonalize_qr_(t); }}}) {
+    for (const auto& c : cases) {
+      auto m = c.m.clone();
+      orth(m);
+      const std::string what = method + " " + c.name;
+      ASSERT_TRUE(torch::isfinite(m).all().item<bool>()) << what;
+      const auto norms = m.norm(2, {0});  // [8]
+      const auto kept = norms > 0;
+      EXPECT_TRUE(torch::allclose(norms.masked_select(kept), torch::ones({kept.sum().item<int64_t>()}), 0, 1e-5))
+          << what << " " << norms;
+      EXPECT_EQ(kept.sum().item<int64_t>(), c.rank) << what << " " << norms;
+      const auto gram = m.t().mm(m);
+      const auto off = gram - torch::diag(gram.diagonal());
+      EXPECT_LE(off.abs().max().item<double>(), 1e-5) << what;
+    }
+  }
 }
 
 // ---- identity reducers on 1, 2, 4 ranks -----------------------------------------------------
@@ -213,11 +259,12 @@ INSTANTIATE_TEST_SUITE_P(Ranks, Reducers, ::testing::Values(1, 2, 4));
 // ---- single worker: exactness ---------------------------------------------------------------
 
 // Direct: the first step (random Q) already reproduces M, since P = M Q spans col(M); warm start
-// keeps it. Rank == r with MGS; rank < r with QR only: MGS (as in the reference) normalises the
-// rounding residue of a dependent column into a vector that is not orthogonal to the others
-// (loss of orthogonality), so P̂ P̂ᵀ is no projector and the error is O(1).
+// keeps it. Rank < r too: MGS's second pass zeroes the dependent columns of P (the reference's
+// single pass normalised their rounding residue into vectors not orthogonal to the others, so
+// P̂ P̂ᵀ was no projector and the error O(1)).
 TEST(PowerSgd, ReproducesARankAtMostRMatrixInOneStepAndWithWarmStart) {
-  for (auto [k, method] : {std::pair<int64_t, std::string>{4, "mgs"}, {4, "qr"}, {3, "qr"}}) {
+  for (auto [k, method] : {std::pair<int64_t, std::string>{4, "mgs"}, {4, "qr"}, {3, "mgs"}, {3, "qr"}, {1, "mgs"},
+                           {1, "qr"}}) {
     run_ranks(1, [&](const RankContext& ctx) {
       auto comm = ctx.world_group();
       auto m = randn({64, k}, 11).mm(randn({k, 48}, 12));  // rank k ≤ r = 4
@@ -230,6 +277,125 @@ TEST(PowerSgd, ReproducesARankAtMostRMatrixInOneStepAndWithWarmStart) {
         ASSERT_TRUE(red.records()[0].compressed);
         EXPECT_TRUE(torch::allclose(g[0], m, 1e-5, 1e-5))
             << method << " rank " << k << " step " << step << " max err " << (g[0] - m).abs().max().item<float>();
+      }
+    });
+  }
+}
+
+// ---- every reducer: never worse than sending nothing ----------------------------------------
+
+// Gradient matrices [100, 48] that low-rank and quantising reducers find hard (as act_codec_test's).
+torch::Tensor hard_gradient(const std::string& kind, uint64_t seed) {
+  const int64_t rows = 100, cols = 48;
+  if (kind == "zero") return torch::zeros({rows, cols});
+  if (kind == "constant") return torch::full({rows, cols}, 0.375f);
+  if (kind == "rank1") return randn({rows, 1}, seed).mm(randn({1, cols}, seed + 1));
+  if (kind == "rank3") return randn({rows, 3}, seed).mm(randn({3, cols}, seed + 1));
+  if (kind == "padded") {
+    auto m = randn({rows, cols}, seed);
+    m.narrow(0, rows / 2, rows / 2).zero_();
+    return m;
+  }
+  if (kind == "random") return randn({rows, cols}, seed);
+  if (kind == "tiny") return randn({rows, cols}, seed) * 1e-30;
+  if (kind == "guard") return randn({rows, 1}, seed).mm(randn({1, cols}, seed + 1)) * 1e-10;  // ‖P‖ ~ the 1e-8 guard
+  if (kind == "spikes") {
+    auto m = randn({rows, cols}, seed) * 1e-3;
+    m.select(1, 7).fill_(50.0f);
+    m.select(1, 8).fill_(-40.0f);
+    return m;
+  }
+  throw std::invalid_argument("unknown gradient kind " + kind);
+}
+
+// Values beyond fp16's range are left out: the fp16 reducer's all-reduce overflows to inf past
+// 65504 (cast_reducer.h), as NCCL's and Gloo's fp16 sums do.
+const std::vector<std::string> kGradientKinds = {"zero",   "constant", "rank1", "rank3", "padded",
+                                                 "random", "tiny",     "guard", "spikes"};
+
+torch::Tensor residual_of(const GradReducer& red) {
+  if (const auto* p = dynamic_cast<const PowerSgdReducer*>(&red)) return p->error(0);
+  if (const auto* e = dynamic_cast<const ElementwiseReducer*>(&red)) return e->error(0);
+  return torch::Tensor();
+}
+
+class ReducerBound : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+// On 1 rank, and on 2 ranks with identical inputs (the mean is the input): for the compensated
+// input c = grad + residual, ‖out − c‖ ≤ ‖c‖, out = 0 exactly for c = 0, no NaN; with error
+// feedback out + new residual = c; PowerSGD reproduces gradients of rank ≤ r. Three steps with
+// three different gradients of the kind, so warm starts and residuals are exercised.
+TEST_P(ReducerBound, ErrorNeverExceedsTheInputNorm) {
+  const auto& [name, kind] = GetParam();
+  for (int world : {1, 2}) {
+    run_ranks(world, [&](const RankContext& ctx) {
+      auto comm = ctx.world_group();
+      Registry<GradReducer> reg;
+      register_builtin_grad_reducers(reg);
+      auto red = reg.create(name);
+      for (int64_t step = 0; step < 3; ++step) {
+        const auto g0 = hard_gradient(kind, 60 + step);  // the same on every rank
+        const auto old = residual_of(*red);
+        const auto c = old.defined() ? g0 + old.view_as(g0) : g0.clone();
+        std::vector<torch::Tensor> g{g0.clone()};
+        red->reduce(g, *comm, step);
+        const std::string what = fmt::format("{} {} world {} step {}", name, kind, world, step);
+        ASSERT_TRUE(torch::isfinite(g[0]).all().item<bool>()) << what;
+        const double err = (g[0] - c).to(torch::kDouble).norm().item<double>();  // double: 1e-30² underflows in fp32
+        const double norm = c.to(torch::kDouble).norm().item<double>();
+        if (norm == 0) {
+          EXPECT_TRUE(torch::equal(g[0], torch::zeros_like(c))) << what;
+        } else {
+          EXPECT_LE(err, norm * (1 + 1e-6)) << what << ": error " << err << " > norm " << norm;
+        }
+        const auto ef = residual_of(*red);
+        if (ef.defined()) {
+          EXPECT_LE((g[0] + ef.view_as(c) - c).abs().max().item<double>(), 1e-6 * std::max(1.0, c.abs().max().item<double>()))
+              << what << ": decoded + residual != input";
+        }
+        // From a random Q (step 0). Later steps add the previous step's rounding-level residual to
+        // another gradient (full rank, amplified by a Q tuned to the previous gradient): bound only.
+        if (name == "powersgd" && step == 0 && (kind == "constant" || kind == "rank1" || kind == "rank3")) {
+          EXPECT_LE(err, 1e-5 * norm) << what << ": rank <= 4 is not reproduced";
+        }
+      }
+    });
+  }
+}
+
+TEST(ReducerBound, CoversEveryRegisteredReducer) {
+  Registry<GradReducer> reg;
+  register_builtin_grad_reducers(reg);
+  EXPECT_EQ(reg.names(), (std::vector<std::string>{"bf16", "fp16", "none", "powersgd", "qsgd", "randomk", "signsgd", "topk"}));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllReducersAllGradients, ReducerBound,
+                         ::testing::Combine(::testing::Values("bf16", "fp16", "none", "powersgd", "qsgd", "randomk",
+                                                              "signsgd", "topk"),
+                                            ::testing::ValuesIn(kGradientKinds)),
+                         [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
+
+// After a zero gradient Q was all zero, after a rank-1 one it had three zero columns; without the
+// refill they stayed zero for ever and PowerSGD sent nothing (or one direction) from then on,
+// while the error feedback grew. Now the next gradient of rank ≤ r comes back exactly.
+TEST(PowerSgd, WarmStartRecoversAfterZeroAndRankDeficientGradients) {
+  for (std::string method : {"mgs", "qr"}) {
+    run_ranks(2, [&](const RankContext& ctx) {
+      auto comm = ctx.world_group();
+      PowerSgdOptions o = psgd(4);
+      o.orthogonalize = method;
+      o.error_feedback = false;
+      PowerSgdReducer red(o);
+      int64_t step = 0;
+      for (const auto& before : {torch::zeros({100, 48}), torch::full({100, 48}, 0.5f)}) {
+        std::vector<torch::Tensor> g{before.clone()};
+        red.reduce(g, *comm, step++);
+        const auto rank3 = hard_gradient("rank3", 70);
+        g = {rank3.clone()};
+        red.reduce(g, *comm, step++);
+        EXPECT_LE((g[0] - rank3).abs().max().item<double>(), 1e-5 * rank3.abs().max().item<double>())
+            << method << " after " << before.abs().max().item<double>();
+        expect_identical_on_all_ranks(*comm, g);
       }
     });
   }

@@ -2,9 +2,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "harness/config.h"
+#include "harness/trainer.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
@@ -188,6 +190,55 @@ TEST(Config, VocabFromDatasetOrClearError) {
   testing::write_synthetic_corpus(c.data.prefix, 96, 4);
   resolve_vocab(c);
   EXPECT_EQ(c.model.vocab_size, 96);
+}
+
+// The issue's case: model.vocab_size below the dataset's ids ended in "index out of range in
+// self" (or "Target 261 is out of bounds") with a LibTorch backtrace at the first step.
+TEST(Config, DatasetTokenIdsMustFitTheModelVocabulary) {
+  Config c;
+  c.data.prefix = "data/corpus";
+  c.source_path = "exp.yaml";
+  c.model.vocab_size = 200;
+  auto error = [&](int64_t lo, int64_t hi, int64_t dataset_vocab) -> std::string {
+    try {
+      check_dataset_vocab(c, lo, hi, dataset_vocab);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "";
+  };
+  EXPECT_EQ(error(0, 199, 200), "");
+  EXPECT_EQ(error(0, 150, 0), "");  // no .json (Megatron data): the ids decide
+  EXPECT_THAT(error(0, 261, 287), AllOf(HasSubstr("model.vocab_size = 200"), HasSubstr("up to 261"),
+                                        HasSubstr("vocab_size 287"), HasSubstr("data.vocab_size <= 200"),
+                                        HasSubstr("at least 287"), HasSubstr("0 (take it from the dataset)")));
+  EXPECT_THAT(error(0, 261, 0), AllOf(HasSubstr("model.vocab_size = 200"), HasSubstr("at least 262")));
+  EXPECT_THAT(error(0, 300, 287), AllOf(HasSubstr("token id 300"), HasSubstr("vocab_size 287"),
+                                        HasSubstr("--retrain")));  // .bin and .json disagree
+  EXPECT_THAT(error(-3, 10, 287), AllOf(HasSubstr("negative token id -3"), HasSubstr("--retrain")));
+}
+
+TEST(Config, TrainingRefusesADatasetBeyondTheModelVocabularyBeforeTheFirstStep) {
+  testing::TempDir dir;
+  Config c;
+  c.data.prefix = dir / "corpus";
+  c.data.dir = dir / "data";
+  c.data.split = "90,10,0";
+  c.log.dir = dir / "results";
+  c.train.train_steps = 2;
+  c.train.threads = 1;
+  c.model.seq_len = 32;
+  testing::write_synthetic_corpus(c.data.prefix, 300, 20);
+  c.model.vocab_size = 128;
+  TrainOptions opt;
+  opt.quiet = true;
+  try {
+    run_training(c, opt);
+    FAIL() << "expected ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_THAT(std::string(e.what()), AllOf(HasSubstr("model.vocab_size = 128"), HasSubstr("vocab_size 300")));
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "results")) << "no step may run";
 }
 
 }  // namespace

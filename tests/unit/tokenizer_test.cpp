@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <regex>
 
 #include <nlohmann/json.hpp>
 
@@ -130,6 +131,125 @@ TEST_F(TokenizerTest, PrepareValidatesInputsBeforeTraining) {
   expect_error<std::runtime_error>([&] { prepare_dataset(o); }, {path("bad.jsonl") + ":2", "JSON"});
   EXPECT_FALSE(std::filesystem::exists(path("never.model")));
   expect_error<std::runtime_error>([&] { Tokenizer t(path("never.model")); }, {"never.model", "prepare"});
+}
+
+// --- vocabulary changes (issue 9 item 7) -------------------------------------------------------
+
+void write_jsonl(const std::string& file, const std::vector<std::string>& docs) {
+  std::ofstream out(file);
+  for (const auto& d : docs) out << nlohmann::json{{"text", d}}.dump() << "\n";
+}
+
+// A changed vocabulary size (the issue: a smaller one was silently ignored), model type, seed,
+// source content or source list trains the tokenizer anew; identical settings reuse it.
+TEST_F(TokenizerTest, PrepareRetrainsWhenTheSettingsOrSourcesChange) {
+  write_jsonl(path("a.jsonl"), generated_documents(40, 6));
+  PrepareOptions o;
+  o.inputs = {path("a.jsonl")};
+  o.output_prefix = path("corpus");
+  o.tokenizer = tiny_options();
+  o.tokenizer.vocab_size = 420;
+  const PrepareSummary first = prepare_dataset(o);
+  ASSERT_TRUE(first.trained);
+  EXPECT_FALSE(prepare_dataset(o).trained);  // nothing changed: reused
+
+  o.tokenizer.vocab_size = first.vocab_size - 30;  // smaller: must not keep the bigger model
+  const PrepareSummary smaller = prepare_dataset(o);
+  EXPECT_TRUE(smaller.trained);
+  EXPECT_LE(smaller.vocab_size, o.tokenizer.vocab_size);
+  const auto meta = nlohmann::json::parse(read_file(path("corpus.json")));
+  EXPECT_EQ(meta["vocab_size"], smaller.vocab_size);
+  EXPECT_LT(meta["max_token_id"].get<int64_t>(), smaller.vocab_size);
+  EXPECT_FALSE(prepare_dataset(o).trained);
+
+  o.tokenizer.model_type = "bpe";
+  EXPECT_TRUE(prepare_dataset(o).trained);
+  o.tokenizer.seed = 99;
+  EXPECT_TRUE(prepare_dataset(o).trained);
+  write_jsonl(path("a.jsonl"), generated_documents(41, 6));  // content changed
+  EXPECT_TRUE(prepare_dataset(o).trained);
+  write_jsonl(path("b.jsonl"), generated_documents(5, 3));
+  o.inputs.push_back(path("b.jsonl"));  // source added
+  EXPECT_TRUE(prepare_dataset(o).trained);
+  EXPECT_FALSE(prepare_dataset(o).trained);
+  o.retrain = true;
+  EXPECT_TRUE(prepare_dataset(o).trained);
+  o.retrain = false;
+
+  // A .model that is not the one the .json records (copied over by hand) is not trusted.
+  train_tokenizer(generated_documents(12, 4), path("other"), tiny_options());
+  std::filesystem::copy_file(path("other.model"), path("corpus.model"), std::filesystem::copy_options::overwrite_existing);
+  EXPECT_TRUE(prepare_dataset(o).trained);
+}
+
+// A .json written before the training record existed: only the model's size can be compared.
+TEST_F(TokenizerTest, PrepareWithoutATrainingRecordComparesTheModelSize) {
+  write_jsonl(path("a.jsonl"), generated_documents(40, 6));
+  PrepareOptions o;
+  o.inputs = {path("a.jsonl")};
+  o.output_prefix = path("corpus");
+  o.tokenizer = tiny_options();
+  o.tokenizer.hard_vocab_limit = true;
+  o.tokenizer.vocab_size = 350;
+  ASSERT_TRUE(prepare_dataset(o).trained);
+  auto meta = nlohmann::json::parse(read_file(path("corpus.json")));
+  meta.erase("tokenizer_training");
+  write_file_atomic(path("corpus.json"), meta.dump());
+  EXPECT_FALSE(prepare_dataset(o).trained);  // same size: reused (nothing else is known)
+  meta = nlohmann::json::parse(read_file(path("corpus.json")));
+  meta.erase("tokenizer_training");
+  write_file_atomic(path("corpus.json"), meta.dump());
+  o.tokenizer.vocab_size = 320;
+  const PrepareSummary s = prepare_dataset(o);
+  EXPECT_TRUE(s.trained);
+  EXPECT_EQ(s.vocab_size, 320);
+}
+
+TEST_F(TokenizerTest, TooLargeVocabularyNamesTheSettingAndTheLargestItCanBe) {
+  write_jsonl(path("a.jsonl"), generated_documents(10, 3));
+  PrepareOptions o;
+  o.inputs = {path("a.jsonl")};
+  o.output_prefix = path("corpus");
+  o.tokenizer = tiny_options();
+  o.tokenizer.hard_vocab_limit = true;
+  o.tokenizer.vocab_size = 5000;
+  std::string msg;
+  try {
+    prepare_dataset(o);
+  } catch (const std::runtime_error& e) {
+    msg = e.what();
+  }
+  EXPECT_NE(msg.find("data.vocab_size"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--vocab-size"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("vocabulary size 5000"), std::string::npos) << msg;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(msg, m, std::regex("to at most ([0-9]+)"))) << msg;
+  // The size it names works.
+  o.tokenizer.vocab_size = std::stoi(m[1].str());
+  EXPECT_EQ(prepare_dataset(o).vocab_size, o.tokenizer.vocab_size);
+}
+
+// prepare records the token id range and the .idx it belongs to: the training binary's check
+// (dataset_vocab) then needs no scan of the .bin.
+TEST_F(TokenizerTest, PrepareRecordsTheTokenIdRangeOfItsIndex) {
+  write_jsonl(path("a.jsonl"), generated_documents(30, 5));
+  PrepareOptions o;
+  o.inputs = {path("a.jsonl")};
+  o.output_prefix = path("corpus");
+  o.tokenizer = tiny_options();
+  prepare_dataset(o);
+  IndexedDataset ds(o.output_prefix);
+  const auto meta = nlohmann::json::parse(read_file(path("corpus.json")));
+  const auto scanned = ds.token_range();
+  EXPECT_EQ(meta["min_token_id"], scanned.min);
+  EXPECT_EQ(meta["max_token_id"], scanned.max);
+  EXPECT_EQ(meta["index_sha256"], ds.index_digest());
+  EXPECT_EQ(meta["tokenizer_training"]["vocab_size"], o.tokenizer.vocab_size);
+  EXPECT_EQ(meta["tokenizer_training"]["sources"][0]["path"], path("a.jsonl"));
+  const DatasetVocab v = dataset_vocab(ds);
+  EXPECT_TRUE(v.from_metadata);
+  EXPECT_EQ(v.max_token_id, scanned.max);
+  EXPECT_EQ(v.vocab_size, meta["vocab_size"].get<int64_t>());
 }
 
 }  // namespace
