@@ -99,12 +99,12 @@ int main(int argc, char** argv) {
   auto* prepare = app.add_subcommand("prepare", "train the tokenizer and write <prefix>.bin/.idx/.json");
   prepare->add_option("--input", prep.inputs, ".jsonl or .txt input (repeatable)")->required();
   prepare->add_option("--output-prefix", prep.output_prefix, "output prefix, e.g. data/corpus")->required();
-  prepare->add_option("--vocab-size", prep.tokenizer.vocab_size, "vocabulary size")->capture_default_str()->transform(decimal_integer());
+  prepare->add_option("--vocab-size", prep.tokenizer.vocab_size, "vocabulary size")->capture_default_str()->transform(optcc::decimal_integer());
   prepare->add_option("--model-type", prep.tokenizer.model_type, "SentencePiece model type")
       ->check(CLI::IsMember({"unigram", "bpe"}))->capture_default_str();
-  prepare->add_option("--seed", prep.tokenizer.seed, "tokenizer training seed")->capture_default_str()->transform(decimal_integer());
+  prepare->add_option("--seed", prep.tokenizer.seed, "tokenizer training seed")->capture_default_str()->transform(optcc::decimal_integer());
   prepare->add_option("--json-key", prep.json_key, "JSONL field with the text")->capture_default_str();
-  prepare->add_option("--threads", prep.num_threads, "training and tokenization threads")->capture_default_str()->transform(decimal_integer());
+  prepare->add_option("--threads", prep.num_threads, "training and tokenization threads")->capture_default_str()->transform(optcc::decimal_integer());
   prepare->add_flag("--retrain", prep.retrain, "train the tokenizer even if <prefix>.model exists");
   prepare->add_flag("--shuffle-documents,!--keep-order", prep.shuffle_documents,
                     "write documents in a seeded random order (default) or in input order")->capture_default_str();
