@@ -1,7 +1,7 @@
 // optcc: the command-line entry point.
 //
 //   optcc train --config experiments/demo.yaml [--set section.key=value ...] [--resume [DIR]]
-//   optcc data fetch|prepare|info --config experiments/demo.yaml
+//   optcc data fetch|prepare|info --config experiments/demo.yaml [--retrain (prepare)]
 //   optcc bench step --config experiments/demo.yaml [--steps 10] [--threads 1]
 //   optcc config show --config experiments/demo.yaml [--set ...]
 //   optcc traffic --config experiments/paper/gpt-2.5b.yaml [--set ...] [--world N] [--json]
