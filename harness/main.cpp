@@ -8,7 +8,7 @@
 //     (none)          start at step 0; refused when checkpoint.dir already holds a checkpoint
 //   (a directory named "auto": write ./auto)
 //   Results files are never overwritten: a re-run writes <run>.attempt-<n>.h5 (trainer.h).
-//   optcc data fetch|prepare|info --config experiments/demo.yaml
+//   optcc data fetch|prepare|info --config experiments/demo.yaml [--retrain (prepare)]
 //   optcc bench step --config experiments/demo.yaml [--steps 10] [--threads 1]
 //   optcc config show --config experiments/demo.yaml [--set ...]
 //   optcc traffic --config experiments/paper/gpt-2.5b.yaml [--set ...] [--world N] [--json]
