@@ -29,7 +29,7 @@
 
 #include "compression/registry.h"
 #include "compression/state_manifest.h"
-#include "harness/communicator.h"
+#include "harness/parallel/communicator.h"
 
 namespace optcc {
 

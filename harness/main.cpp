@@ -22,13 +22,13 @@
 #include <iostream>
 
 #include "datasets/cli_integer.h"
-#include "harness/bench.h"
-#include "harness/comm_check.h"
-#include "harness/config.h"
-#include "harness/distributed.h"
-#include "harness/threads.h"
-#include "harness/traffic_model.h"
-#include "harness/trainer.h"
+#include "harness/tools/bench.h"
+#include "harness/tools/comm_check.h"
+#include "harness/config/config.h"
+#include "harness/parallel/distributed.h"
+#include "harness/parallel/threads.h"
+#include "harness/tools/traffic_model.h"
+#include "harness/train/trainer.h"
 
 extern char** environ;
 

@@ -12,7 +12,7 @@
 #include "compression/options.h"
 #include "compression/powersgd.h"
 #include "compression/sparse_reducers.h"
-#include "harness/config.h"
+#include "harness/config/config.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
