@@ -32,6 +32,29 @@
 namespace optcc {
 namespace fs = std::filesystem;
 
+// What the pipeline runner calls on this rank: embed on the first stage, this stage's blocks, the
+// loss on the last stage. Micro-batch data is loaded before each step by the stages that need it.
+class GptStageFunctions final : public StageFunctions {
+ public:
+  GptStageFunctions(GptModel& model, int64_t microbatches) : model_(model), m_(microbatches) {}
+  std::vector<torch::Tensor> batches;  // [b, s + 1] per micro-batch (first and last stage)
+
+  torch::Tensor forward(int mb, const torch::Tensor& input) override {
+    const auto& st = model_->stage();
+    torch::Tensor x;
+    if (st.is_first || st.is_last) TORCH_CHECK(mb < static_cast<int>(batches.size()), "no data for micro-batch ", mb);
+    const int64_t s = st.is_first || st.is_last ? batches[mb].size(1) - 1 : 0;
+    x = st.is_first ? model_->embed(batches[mb].narrow(1, 0, s)) : input;
+    x = model_->run_layers(x);
+    if (!st.is_last) return x;
+    return model_->head_loss(x, batches[mb].narrow(1, 1, s)) / static_cast<double>(m_);
+  }
+
+ private:
+  GptModel& model_;
+  int64_t m_;
+};
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -40,10 +63,6 @@ std::string format_eta(double seconds) {
   const auto s = static_cast<int64_t>(std::max(0.0, seconds));
   return fmt::format("{:02d}:{:02d}:{:02d}", s / 3600, (s / 60) % 60, s % 60);
 }
-
-struct RunData {
-  std::shared_ptr<const data::GptDataset> train, valid;
-};
 
 RunData open_data(const Config& c) {
   const std::string prefix = c.data.prefix;
@@ -72,29 +91,6 @@ RunData open_data(const Config& c) {
   return d;
 }
 
-// What the pipeline runner calls on this rank: embed on the first stage, this stage's blocks, the
-// loss on the last stage. Micro-batch data is loaded before each step by the stages that need it.
-class GptStageFunctions final : public StageFunctions {
- public:
-  GptStageFunctions(GptModel& model, int64_t microbatches) : model_(model), m_(microbatches) {}
-  std::vector<torch::Tensor> batches;  // [b, s + 1] per micro-batch (first and last stage)
-
-  torch::Tensor forward(int mb, const torch::Tensor& input) override {
-    const auto& st = model_->stage();
-    torch::Tensor x;
-    if (st.is_first || st.is_last) TORCH_CHECK(mb < static_cast<int>(batches.size()), "no data for micro-batch ", mb);
-    const int64_t s = st.is_first || st.is_last ? batches[mb].size(1) - 1 : 0;
-    x = st.is_first ? model_->embed(batches[mb].narrow(1, 0, s)) : input;
-    x = model_->run_layers(x);
-    if (!st.is_last) return x;
-    return model_->head_loss(x, batches[mb].narrow(1, 1, s)) / static_cast<double>(m_);
-  }
-
- private:
-  GptModel& model_;
-  int64_t m_;
-};
-
 StageRange stage_range(const Config& c, int stage) {
   const auto counts = c.stage_layer_counts();
   StageRange r;
@@ -112,7 +108,7 @@ StageRange stage_range(const Config& c, int stage) {
 // was; each evaluation forks afresh, so its value does not depend on earlier evaluations. Dropout is
 // off (eval mode); the default CPU and attention generators are restored all the same. Its data
 // come from its own loader over the validation split; DP reducers are not used.
-double evaluate(GptModel& model, const Config& c, Distributed& d, const PipelineCodec& codec,
+double validation_loss(GptModel& model, const Config& c, Distributed& d, const PipelineCodec& codec,
                 const std::vector<int64_t>& act_shape, const data::GptDataset* valid) {
   torch::NoGradGuard no_grad;
   StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape}, torch::kFloat, codec.fork());
@@ -308,6 +304,14 @@ ScChoice calibrate_sc_auto(const Config& cfg, Distributed& d, GptModel& model, c
   return c;
 }
 
+// Which stages compress DP gradients (SC), for the log and results: "c,c,raw" or "all raw".
+std::string sc_stages_text(const Config& cfg, const std::vector<bool>& sc_compress) {
+  if (cfg.compression.dp.name == "none") return std::string("all raw");
+  std::string out;
+  for (size_t k = 0; k < sc_compress.size(); ++k) out += fmt::format("{}{}", out.empty() ? "" : ",", sc_compress[k] ? "c" : "raw");
+  return out;
+}
+
 int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
 
 // Adam's moments (and max moment with amsgrad), bytes.
@@ -323,268 +327,358 @@ int64_t optimizer_state_bytes(torch::optim::AdamW& opt) {
 
 }  // namespace
 
-TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& d) {
-  auto memory = std::make_shared<MemoryTracker>();
-  const auto memory_guard = MemoryTracker::install(memory);  // before the model exists
-  resolve_vocab(cfg);
-  cfg.validate(d.env.world_size);
-  const std::optional<std::string> resume = resume_point(cfg, options);
-  const bool writer = d.rank() == 0;
-  const bool quiet = options.quiet || !writer;
-  spdlog::set_level(spdlog::level::from_str(cfg.log.level));
-  set_cpu_threads(threads_for(cfg, d.env.local_world_size));
-  torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
+// ---- Trainer: assembly -------------------------------------------------------------------------
 
-  const RankCoord coord = d.coord();
-  const int stages = static_cast<int>(cfg.parallel.pp);
-  const StageRange range = stage_range(cfg, coord.pp);
-  const bool has_data = range.is_first || range.is_last;  // loads micro-batches
-  RunData data = open_data(cfg);  // every rank: middle stages need the split sizes only
-  GptModel model(gpt_options(cfg), d.tp.get(), range);
-  model->train();
-  auto optimizer = make_adamw(*model, cfg.train);
-  const LrSchedule schedule = LrSchedule::from(cfg.train);
-  const CheckpointLayout layout{cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp, d.rank()};
-  const std::string config_yaml = to_yaml(cfg);
-  const int64_t m = cfg.num_micro_batches();
-  const std::vector<int64_t> act_shape{cfg.model.seq_len, cfg.train.micro_batch_size, cfg.model.hidden_size};
-  const auto& comp = cfg.compression;
-  // Pipeline messages: CB / LEP / epilogue-only and forward codecs (pipeline_codec.h).
-  auto codec = std::make_shared<PipelineCodec>(
-      make_act_codec(comp.pipeline_forward.name, pipeline_codec_options(cfg, comp.pipeline_forward)),
-      make_act_codec(comp.pipeline_backward.name, pipeline_codec_options(cfg, comp.pipeline_backward)),
+namespace {
+
+Config validated(Config cfg, const Distributed& d) {
+  resolve_vocab(cfg);  // before validate, to_yaml and gpt_options
+  cfg.validate(d.env.world_size);
+  return cfg;
+}
+
+}  // namespace
+
+struct Trainer::StepResult {
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  double loss = 0.0;     // nats, averaged over DP replicas
+  double seconds = 0.0;  // the step, before its records
+};
+
+Trainer::Trainer(Config cfg, const TrainOptions& options, Distributed& d)
+    : d_(d),
+      options_(options),
+      memory_(std::make_shared<MemoryTracker>()),
+      memory_guard_(MemoryTracker::install(memory_)),  // before the model exists
+      cfg_(validated(std::move(cfg), d)) {
+  set_up();
+  build_model_and_optimizer();
+  build_pipeline();
+  build_gradient_sync();
+  build_checkpoint_parts();
+  resume();
+  build_records();
+  log_start();
+}
+
+Trainer::~Trainer() = default;
+
+// Resume point, log level, threads, the seed (before the model draws its initial weights).
+void Trainer::set_up() {
+  resume_from_ = resume_point(cfg_, options_);
+  writer_ = d_.rank() == 0;
+  quiet_ = options_.quiet || !writer_;
+  spdlog::set_level(spdlog::level::from_str(cfg_.log.level));
+  set_cpu_threads(threads_for(cfg_, d_.env.local_world_size));
+  torch::manual_seed(static_cast<uint64_t>(cfg_.train.seed));
+  coord_ = d_.coord();
+  stages_ = static_cast<int>(cfg_.parallel.pp);
+  range_ = stage_range(cfg_, coord_.pp);
+  m_ = cfg_.num_micro_batches();
+  act_shape_ = {cfg_.model.seq_len, cfg_.train.micro_batch_size, cfg_.model.hidden_size};
+}
+
+void Trainer::build_model_and_optimizer() {
+  data_ = open_data(cfg_);  // every rank: middle stages need the split sizes only
+  model_ = GptModel(gpt_options(cfg_), d_.tp.get(), range_);
+  model_->train();
+  optimizer_ = make_adamw(*model_, cfg_.train);
+  lr_ = LrSchedule::from(cfg_.train);
+  layout_ = CheckpointLayout{cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.dp, d_.rank()};
+  config_yaml_ = to_yaml(cfg_);
+}
+
+// Pipeline messages: CB / LEP / epilogue-only and forward codecs (pipeline_codec.h), the link
+// between stages, cast-on-the-wire TP all-reduces, the schedule and this stage's functions.
+void Trainer::build_pipeline() {
+  const auto& comp = cfg_.compression;
+  codec_ = std::make_shared<PipelineCodec>(
+      make_act_codec(comp.pipeline_forward.name, pipeline_codec_options(cfg_, comp.pipeline_forward)),
+      make_act_codec(comp.pipeline_backward.name, pipeline_codec_options(cfg_, comp.pipeline_backward)),
       parse_backward_phases(comp.backward_phases), parse_lep_mode(comp.lep));
-  codec->enable_orthogonality_check(cfg.log.lep_orthogonality && range.is_last && stages > 1);
-  StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape}, torch::kFloat, codec);
-  if (comp.tp.name != "none" && d.tp) {  // cast-on-the-wire TP all-reduces
-    d.tp->set_all_reduce_wire_dtype(Traffic::kTensorParallel, comp.tp.name == "fp16" ? torch::kHalf : torch::kBFloat16);
+  codec_->enable_orthogonality_check(cfg_.log.lep_orthogonality && range_.is_last && stages_ > 1);
+  link_ = std::make_unique<StageLink>(*d_.pp, d_.tp.get(), StageLinkShapes{act_shape_, act_shape_}, torch::kFloat,
+                                      codec_);
+  if (comp.tp.name != "none" && d_.tp) {  // before SC's calibration step and evaluation (TP all-reduces)
+    d_.tp->set_all_reduce_wire_dtype(Traffic::kTensorParallel, comp.tp.name == "fp16" ? torch::kHalf : torch::kBFloat16);
   }
-  auto pipeline = make_schedule(cfg.parallel.schedule);
-  GptStageFunctions stage_fn(model, m);
-  // SC: which stages compress their DP gradients (dp_stages: all | way | auto).
-  std::vector<bool> sc_compress(stages);
-  std::string sc_auto_text;
-  if (sc_way(cfg) >= 0) {
-    for (int k = 0; k < stages; ++k) sc_compress[k] = k < sc_way(cfg);
+  pipeline_ = make_schedule(cfg_.parallel.schedule);
+  stage_fn_ = std::make_unique<GptStageFunctions>(model_, m_);
+}
+
+// SC: which stages compress their DP gradients (dp_stages: all | way | auto), then DP gradients
+// and the tied-embedding sync (baseline pair or FE).
+void Trainer::build_gradient_sync() {
+  sc_compress_.assign(stages_, false);
+  if (sc_way(cfg_) >= 0) {
+    for (int k = 0; k < stages_; ++k) sc_compress_[k] = k < sc_way(cfg_);
   } else {
-    std::optional<torch::Tensor> stored;
-    if (resume) stored = read_checkpoint_tensor(*resume, d.rank(), "sc_auto", "compress");
-    if (stored && stored->numel() == stages) {
-      for (int k = 0; k < stages; ++k) sc_compress[k] = (*stored)[k].item<int64_t>() != 0;
-      sc_auto_text = "kept from the checkpoint";
-    } else {
-      const ScChoice c = calibrate_sc_auto(cfg, d, model, *pipeline, stage_fn, act_shape, m, data);
-      sc_compress = c.compress;
-      for (int k = 0; k < stages; ++k) {
-        sc_auto_text += fmt::format("{}stage {}: end {:.1f} ms + raw DP {:.1f} ms {} stage 0's end + compressed DP "
-                                    "{:.1f} ms -> {}",
-                                    k ? "; " : "", k, 1e3 * c.end[k], 1e3 * c.raw[k],
-                                    c.compress[k] ? ">" : "<=", 1e3 * (c.end[0] + c.comp0[0]),
-                                    c.compress[k] ? "compress" : "raw");
-      }
+    choose_sc_auto();
+  }
+  if (cfg_.compression.dp.name == "none") sc_compress_.assign(stages_, false);
+  grad_sync_ = std::make_unique<GradientSync>(cfg_, model_, d_.dp.get(), d_.embedding.get(), d_.fused_embedding.get(),
+                                              coord_.pp, static_cast<bool>(sc_compress_[coord_.pp]));
+}
+
+// dp_stages: auto. A resumed run keeps the checkpoint's choice; otherwise one calibration step.
+void Trainer::choose_sc_auto() {
+  std::optional<torch::Tensor> stored;
+  if (resume_from_) stored = read_checkpoint_tensor(*resume_from_, d_.rank(), "sc_auto", "compress");
+  if (stored && stored->numel() == stages_) {
+    for (int k = 0; k < stages_; ++k) sc_compress_[k] = (*stored)[k].item<int64_t>() != 0;
+    sc_auto_text_ = "kept from the checkpoint";
+  } else {
+    const ScChoice c = calibrate_sc_auto(cfg_, d_, model_, *pipeline_, *stage_fn_, act_shape_, m_, data_);
+    sc_compress_ = c.compress;
+    for (int k = 0; k < stages_; ++k) {
+      sc_auto_text_ += fmt::format("{}stage {}: end {:.1f} ms + raw DP {:.1f} ms {} stage 0's end + compressed DP "
+                                   "{:.1f} ms -> {}",
+                                   k ? "; " : "", k, 1e3 * c.end[k], 1e3 * c.raw[k],
+                                   c.compress[k] ? ">" : "<=", 1e3 * (c.end[0] + c.comp0[0]),
+                                   c.compress[k] ? "compress" : "raw");
     }
-    if (!quiet) spdlog::info("compression.dp_stages = auto: {}", sc_auto_text);
   }
-  if (comp.dp.name == "none") sc_compress.assign(stages, false);
-  // DP gradients (SC decides per stage), tied-embedding sync (baseline pair or FE).
-  GradientSync grad_sync(cfg, model, d.dp.get(), d.embedding.get(), d.fused_embedding.get(), coord.pp,
-                         static_cast<bool>(sc_compress[coord.pp]));
-  auto checkpoint_parts = grad_sync.checkpoint_parts();
-  if (sc_way(cfg) < 0) {
-    checkpoint_parts.push_back({"sc_auto", "auto",
-                                [sc_compress](auto& a) {
-                                  std::vector<int64_t> v(sc_compress.begin(), sc_compress.end());
-                                  a.write("compress", torch::tensor(v, torch::kLong));
-                                },
-                                [](auto&) {}});  // read before GradientSync, see above
+  if (!quiet_) spdlog::info("compression.dp_stages = auto: {}", sc_auto_text_);
+}
+
+// What a checkpoint holds besides model and optimizer, in this order: gradient sync's reducers,
+// SC auto's choice, the pipeline codec.
+void Trainer::build_checkpoint_parts() {
+  const auto& comp = cfg_.compression;
+  checkpoint_parts_ = grad_sync_->checkpoint_parts();
+  if (sc_way(cfg_) < 0) {
+    checkpoint_parts_.push_back({"sc_auto", "auto",
+                                 [sc = sc_compress_](auto& a) {
+                                   std::vector<int64_t> v(sc.begin(), sc.end());
+                                   a.write("compress", torch::tensor(v, torch::kLong));
+                                 },
+                                 [](auto&) {}});  // read before GradientSync, see choose_sc_auto
   }
-  if (codec->compresses_backward() || codec->compresses_forward()) {
+  if (codec_->compresses_backward() || codec_->compresses_forward()) {
     // The messages this rank encodes, so that loading checks the saved Q / LEP buffers against them.
     int64_t slice = 1;
-    for (int64_t n : act_shape) slice *= n;
-    if (link.scatter_gather(act_shape)) slice /= cfg.parallel.tp;
-    codec->expect_messages(range.is_last ? 0 : slice, range.is_first ? 0 : slice, m);
-    PipelineCodec* c = codec.get();
-    checkpoint_parts.push_back({"pipeline_codec",
-                                fmt::format("fwd={} bwd={} phases={} lep={}", to_yaml_value(comp.pipeline_forward),
-                                            to_yaml_value(comp.pipeline_backward), comp.backward_phases, comp.lep),
-                                [c](auto& a) { c->save(a); }, [c](auto& a) { c->load(a); }});
+    for (int64_t n : act_shape_) slice *= n;
+    if (link_->scatter_gather(act_shape_)) slice /= cfg_.parallel.tp;
+    codec_->expect_messages(range_.is_last ? 0 : slice, range_.is_first ? 0 : slice, m_);
+    PipelineCodec* c = codec_.get();
+    checkpoint_parts_.push_back({"pipeline_codec",
+                                 fmt::format("fwd={} bwd={} phases={} lep={}", to_yaml_value(comp.pipeline_forward),
+                                             to_yaml_value(comp.pipeline_backward), comp.backward_phases, comp.lep),
+                                 [c](auto& a) { c->save(a); }, [c](auto& a) { c->load(a); }});
   }
+}
 
-  TrainState state;
-  if (resume) {
-    state = load_checkpoint(*resume, *model, *optimizer, layout, {{"attention", model->attention_generator()}},
-                            checkpoint_parts);
-    if (!quiet) spdlog::info("resumed from {} at step {}{}", *resume, state.step, options.resume ? "" : " (--resume auto)");
+// Model, optimizer, step, data position, generators and every checkpoint part, from resume_from_.
+void Trainer::resume() {
+  if (!resume_from_) return;
+  state_ = load_checkpoint(*resume_from_, *model_, *optimizer_, layout_, {{"attention", model_->attention_generator()}},
+                           checkpoint_parts_);
+  if (!quiet_) {
+    spdlog::info("resumed from {} at step {}{}", *resume_from_, state_.step, options_.resume ? "" : " (--resume auto)");
   }
-  // Fixed widths of the per-step record gather, and the DP tensor names of every rank.
-  StepExtras extras;
-  extras.dp_reducer = &grad_sync.dp_reducer();
-  extras.codec = codec.get();
-  {
-    auto n = torch::tensor({static_cast<int64_t>(grad_sync.dp_tensor_names().size())}, torch::kLong);
-    d.world->all_reduce(n, Traffic::kControl, /*max=*/true);
-    extras.max_dp_tensors = n.item<int64_t>();
-    extras.max_orth_pairs = cfg.log.lep_orthogonality ? std::max<int64_t>(0, m - 1) : 0;
-  }
-  const auto all_dp_names = gather_names(d, grad_sync.dp_tensor_names());
-  const auto sc_stages = [&] {  // which stages compress DP gradients (SC), for the log and results
-    if (comp.dp.name == "none") return std::string("all raw");
-    std::string out;
-    for (int k = 0; k < stages; ++k) out += fmt::format("{}{}", out.empty() ? "" : ",", sc_compress[k] ? "c" : "raw");
-    return out;
-  }();
-  std::unique_ptr<BatchLoader> loader;
-  if (has_data) {
-    loader = std::make_unique<BatchLoader>(data.train, cfg.model.seq_len, cfg.train.micro_batch_size, coord.dp,
-                                           cfg.parallel.dp, state.consumed_samples);
-  }
+}
 
-  TrainSummary summary;
-  summary.first_step = state.step;
-  std::unique_ptr<Hdf5MetricsSink> sink;
-  if (writer) {
-    auto attrs = run_attributes(options.command_line);
-    attrs["config"] = config_yaml;
-    attrs["layout"] = fmt::format("tp={} pp={} dp={}", cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp);
-    attrs["rank_table"] = rank_table(d);
-    attrs["stage_layers"] = stage_layers_text(cfg);
-    attrs["launcher"] = d.env.source;
-    attrs["resumed_from_step"] = std::to_string(state.step);
-    attrs["network_emulation"] = cfg.network.emulate ? "on" : "off";
-    attrs["compression_dp"] = to_yaml_value(comp.dp);
-    attrs["compression_scheme"] = comp.scheme.empty() ? "(none)" : comp.scheme;
-    attrs["compression_summary"] = fmt::format(
-        "dp={} dp_stages={} [{}] embedding={} fused_embedding={} pipeline_forward={} pipeline_backward={} "
-        "backward_phases={} lep={} tp={}",
-        to_yaml_value(comp.dp), comp.dp_stages, sc_stages, to_yaml_value(comp.embedding), comp.fused_embedding,
-        to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases, comp.lep,
-        to_yaml_value(comp.tp));
-    // BR-05: which reconstruction the error-feedback residual subtracts, when the reducer has one.
-    attrs["dp_ef_residual"] = comp.dp.options && comp.dp.options["ef_residual"]
-                                  ? comp.dp.options["ef_residual"].as<std::string>()
-                                  : (comp.dp.name == "powersgd" ? "averaged" : "n/a");
-    attrs["dp_tensor_names"] = nlohmann::json(all_dp_names).dump();
-    if (!sc_auto_text.empty()) attrs["sc_auto"] = sc_auto_text;
-    attrs["traffic_classes"] = "0 tp, 1 pp_fwd, 2 pp_bwd, 3 dp, 4 embedding, 5 control; link 0 intra, 1 inter";
-    sink = create_results(cfg, state.step, attrs, quiet);
-    summary.results_path = sink->path();
+// Fixed widths of the per-step record gather and the DP tensor names of every rank (world
+// collectives), the data loader at the resumed position, and the results file (rank 0).
+void Trainer::build_records() {
+  extras_ = std::make_unique<StepExtras>();
+  extras_->dp_reducer = &grad_sync_->dp_reducer();
+  extras_->codec = codec_.get();
+  auto n = torch::tensor({static_cast<int64_t>(grad_sync_->dp_tensor_names().size())}, torch::kLong);
+  d_.world->all_reduce(n, Traffic::kControl, /*max=*/true);
+  extras_->max_dp_tensors = n.item<int64_t>();
+  extras_->max_orth_pairs = cfg_.log.lep_orthogonality ? std::max<int64_t>(0, m_ - 1) : 0;
+  all_dp_names_ = gather_names(d_, grad_sync_->dp_tensor_names());
+  sc_stages_ = sc_stages_text(cfg_, sc_compress_);
+  if (range_.is_first || range_.is_last) {  // the stages that load micro-batches
+    loader_ = std::make_unique<BatchLoader>(data_.train, cfg_.model.seq_len, cfg_.train.micro_batch_size, coord_.dp,
+                                            cfg_.parallel.dp, state_.consumed_samples);
   }
-  const int64_t tokens_per_step = cfg.train.global_batch_size * cfg.model.seq_len;
-  if (!quiet) {
-    spdlog::info("model: {} layers, h={}, heads={}, seq={}, vocab={} (padded {}); layout tp={} pp={} dp={}, stages {}",
-                 cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_heads, cfg.model.seq_len,
-                 cfg.model.vocab_size, cfg.padded_vocab_size(), cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.dp,
-                 stage_layers_text(cfg));
-    if (d.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d.env.source, rank_table(d));
-    spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}; results -> {}",
-                 cfg.train.train_steps, cfg.train.global_batch_size, m, cfg.train.micro_batch_size,
-                 at::get_num_threads(), summary.results_path);
-    spdlog::info("compression{}: dp={} (stages c = compressed: [{}]), embedding={}{}, pipeline fwd={} bwd={} ({}, lep {}), tp={}",
-                 comp.scheme.empty() ? "" : " (scheme " + comp.scheme + ")", to_yaml_value(comp.dp), sc_stages,
-                 to_yaml_value(comp.embedding), comp.fused_embedding ? " fused (FE)" : "",
-                 to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases,
-                 comp.lep, to_yaml_value(comp.tp));
+  summary_.first_step = state_.step;
+  if (writer_) {
+    sink_ = create_results(cfg_, state_.step, result_attributes(), quiet_);
+    summary_.results_path = sink_->path();
   }
+  tokens_per_step_ = cfg_.train.global_batch_size * cfg_.model.seq_len;
+}
 
-  auto run_eval = [&](int64_t step) {
-    if (!data.valid) return;  // empty validation split (the same on every rank)
-    const TrafficMeter before = d.meter;  // /traffic is per training step: evaluation's bytes are not counted
-    const double loss = evaluate(model, cfg, d, *codec, act_shape, data.valid.get());
-    d.meter = before;
-    const Perplexity ppl = perplexity(loss);  // NaN stays NaN; a capped value is marked
-    summary.eval_losses.push_back(loss);
-    if (sink) {
-      sink->append("eval", {step, loss, ppl.value, int64_t{ppl.capped}});
-      sink->flush();
-    }
-    if (!quiet) spdlog::info("eval  step {:>6} | {}", step, eval_text(loss, ppl));
-  };
+std::map<std::string, std::string> Trainer::result_attributes() const {
+  const auto& comp = cfg_.compression;
+  auto attrs = run_attributes(options_.command_line);
+  attrs["config"] = config_yaml_;
+  attrs["layout"] = fmt::format("tp={} pp={} dp={}", cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.dp);
+  attrs["rank_table"] = rank_table(d_);
+  attrs["stage_layers"] = stage_layers_text(cfg_);
+  attrs["launcher"] = d_.env.source;
+  attrs["resumed_from_step"] = std::to_string(state_.step);
+  attrs["network_emulation"] = cfg_.network.emulate ? "on" : "off";
+  attrs["compression_dp"] = to_yaml_value(comp.dp);
+  attrs["compression_scheme"] = comp.scheme.empty() ? "(none)" : comp.scheme;
+  attrs["compression_summary"] = fmt::format(
+      "dp={} dp_stages={} [{}] embedding={} fused_embedding={} pipeline_forward={} pipeline_backward={} "
+      "backward_phases={} lep={} tp={}",
+      to_yaml_value(comp.dp), comp.dp_stages, sc_stages_, to_yaml_value(comp.embedding), comp.fused_embedding,
+      to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases, comp.lep,
+      to_yaml_value(comp.tp));
+  // BR-05: which reconstruction the error-feedback residual subtracts, when the reducer has one.
+  attrs["dp_ef_residual"] = comp.dp.options && comp.dp.options["ef_residual"]
+                                ? comp.dp.options["ef_residual"].as<std::string>()
+                                : (comp.dp.name == "powersgd" ? "averaged" : "n/a");
+  attrs["dp_tensor_names"] = nlohmann::json(all_dp_names_).dump();
+  if (!sc_auto_text_.empty()) attrs["sc_auto"] = sc_auto_text_;
+  attrs["traffic_classes"] = "0 tp, 1 pp_fwd, 2 pp_bwd, 3 dp, 4 embedding, 5 control; link 0 intra, 1 inter";
+  return attrs;
+}
 
-  if (state.step == 0) run_eval(0);  // the untrained model's loss (about ln V) anchors the curve
-  const auto params = model->parameters();
-  double seconds_run = 0.0;
-  while (state.step < cfg.train.train_steps) {
-    const auto t0 = Clock::now();
-    const double lr = schedule.at(state.step);
-    set_lr(*optimizer, lr);
-    optimizer->zero_grad();
-    stage_fn.batches.clear();
-    for (int64_t i = 0; i < m && loader; ++i) stage_fn.batches.push_back(loader->next());
-    codec->begin_step();
-    memory->reset_peak();
-    const int64_t before_schedule = memory->allocated();
-    const auto result = run_pipeline_step(*pipeline, stage_fn, link, static_cast<int>(m));
-    const int64_t activations_peak = memory->peak() - before_schedule;
-    const bool finite = grad_sync.reduce(params, state.step);  // DP (SC), then embedding (pair or FE)
-    if (!finite) {  // BR-01: NaN norm here reaches every rank through the model-parallel all-reduce
-      for (const auto& p : params) p.grad().fill_(std::numeric_limits<float>::quiet_NaN());
-    }
-    const double grad_norm = global_grad_norm(model, d.model_parallel.get(), coord.tp, stages);
-    if (std::isfinite(grad_norm)) {
-      clip_grads_to(params, grad_norm, cfg.train.clip_grad);
-      optimizer->step();
-    } else {
-      summary.skipped_steps += 1;
-      if (!quiet) spdlog::warn("step {}: non-finite gradients (norm {}); optimizer step skipped on every rank",
-                               state.step + 1, grad_norm);
-    }
-    state.step += 1;
-    state.consumed_samples += cfg.train.global_batch_size;
+void Trainer::log_start() const {
+  if (quiet_) return;
+  const auto& comp = cfg_.compression;
+  spdlog::info("model: {} layers, h={}, heads={}, seq={}, vocab={} (padded {}); layout tp={} pp={} dp={}, stages {}",
+               cfg_.model.num_layers, cfg_.model.hidden_size, cfg_.model.num_heads, cfg_.model.seq_len,
+               cfg_.model.vocab_size, cfg_.padded_vocab_size(), cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.dp,
+               stage_layers_text(cfg_));
+  if (d_.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d_.env.source, rank_table(d_));
+  spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}; results -> {}",
+               cfg_.train.train_steps, cfg_.train.global_batch_size, m_, cfg_.train.micro_batch_size,
+               at::get_num_threads(), summary_.results_path);
+  spdlog::info("compression{}: dp={} (stages c = compressed: [{}]), embedding={}{}, pipeline fwd={} bwd={} ({}, lep {}), tp={}",
+               comp.scheme.empty() ? "" : " (scheme " + comp.scheme + ")", to_yaml_value(comp.dp), sc_stages_,
+               to_yaml_value(comp.embedding), comp.fused_embedding ? " fused (FE)" : "",
+               to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases,
+               comp.lep, to_yaml_value(comp.tp));
+}
 
-    // The loss lives on the last stage: average over data-parallel replicas, known everywhere.
-    auto loss_t = torch::tensor({range.is_last && coord.tp == 0 ? result.loss / cfg.parallel.dp : 0.0}, torch::kDouble);
-    d.world->all_reduce(loss_t, Traffic::kControl);
-    const double loss = loss_t.item<double>();
-    if (!std::isfinite(loss)) {
-      throw std::runtime_error(fmt::format("training diverged: loss is {} at step {}. Fix: lower "
-                                           "train.lr or raise train.warmup_steps.",
-                                           loss, state.step));
+// ---- Trainer: the loop -------------------------------------------------------------------------
+
+TrainSummary Trainer::run() {
+  if (state_.step == 0) evaluate(0);  // the untrained model's loss (about ln V) anchors the curve
+  params_ = model_->parameters();
+  while (state_.step < cfg_.train.train_steps) {
+    const StepResult r = step();
+    log_progress(r);
+    if (cfg_.train.eval_interval > 0 && state_.step % cfg_.train.eval_interval == 0 &&
+        state_.step != cfg_.train.train_steps) {
+      evaluate(state_.step);
     }
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    seconds_run += dt;
-    summary.train_losses.push_back(loss);
-    {
-      int64_t param_bytes = 0, grad_bytes = 0;
-      for (const auto& p : params) param_bytes += bytes_of(p), grad_bytes += bytes_of(p.grad());
-      const GradReducer* emb = grad_sync.embedding_reducer();
-      const GradReducer& dpr = grad_sync.dp_reducer();
-      extras.memory = {param_bytes, grad_bytes, optimizer_state_bytes(*optimizer), activations_peak,
-                       codec->lep_bytes(), dpr.error_feedback_bytes() + (emb ? emb->error_feedback_bytes() : 0),
-                       dpr.factor_bytes() + (emb ? emb->factor_bytes() : 0) + codec->codec_state_bytes(), memory->peak()};
-    }
-    record_rank_stats(d, sink.get(), state.step, result.seconds, dt, extras);
-    if (sink) sink->append("train", {state.step, loss, lr, grad_norm, dt, tokens_per_step / dt});
-    if (state.step % cfg.log.interval == 0 || state.step == cfg.train.train_steps) {
-      if (sink) sink->flush();
-      const double avg = seconds_run / static_cast<double>(state.step - summary.first_step);
-      if (!quiet) {
-        spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:>8.0f} tok/s | "
-                     "{:.0f} ms/step | ETA {}",
-                     state.step, cfg.train.train_steps, loss, lr, grad_norm, tokens_per_step / avg, avg * 1e3,
-                     format_eta(avg * (cfg.train.train_steps - state.step)));
-      }
-    }
-    if (cfg.train.eval_interval > 0 && state.step % cfg.train.eval_interval == 0 && state.step != cfg.train.train_steps) {
-      run_eval(state.step);
-    }
-    const bool periodic = cfg.checkpoint.interval > 0 && state.step % cfg.checkpoint.interval == 0;
-    const bool final = cfg.checkpoint.save_final && state.step == cfg.train.train_steps;
-    if (periodic || final) {
-      if (sink) sink->flush();
-      summary.last_checkpoint = save_checkpoint(cfg.checkpoint_dir(), state, *model, *optimizer, layout, config_yaml,
-                                                cfg.checkpoint.keep, [&] { d.world->barrier(); },
-                                                {{"attention", model->attention_generator()}}, checkpoint_parts);
-      if (!quiet) spdlog::info("checkpoint -> {}", summary.last_checkpoint);
+    const bool periodic = cfg_.checkpoint.interval > 0 && state_.step % cfg_.checkpoint.interval == 0;
+    const bool final = cfg_.checkpoint.save_final && state_.step == cfg_.train.train_steps;
+    if (periodic || final) save();
+  }
+  evaluate(state_.step);
+  if (sink_) sink_->flush();
+  summary_.last_step = state_.step;
+  if (options_.keep_parameters) {
+    for (const auto& p : model_->named_parameters()) summary_.parameters[p.key()] = p.value().detach().clone();
+  }
+  return summary_;
+}
+
+// One iteration (spec §1.2): pipeline schedule -> gradient sync -> clip -> optimizer -> records.
+Trainer::StepResult Trainer::step() {
+  const auto t0 = Clock::now();
+  StepResult r;
+  r.lr = lr_.at(state_.step);
+  set_lr(*optimizer_, r.lr);
+  optimizer_->zero_grad();
+  stage_fn_->batches.clear();
+  for (int64_t i = 0; i < m_ && loader_; ++i) stage_fn_->batches.push_back(loader_->next());
+  codec_->begin_step();
+  memory_->reset_peak();
+  const int64_t before_schedule = memory_->allocated();
+  const auto pipe = run_pipeline_step(*pipeline_, *stage_fn_, *link_, static_cast<int>(m_));
+  const int64_t activations_peak = memory_->peak() - before_schedule;
+  update(r);  // gradient sync, clip, AdamW (or skip, BR-01)
+  // The loss lives on the last stage: average over data-parallel replicas, known everywhere.
+  auto loss_t = torch::tensor({range_.is_last && coord_.tp == 0 ? pipe.loss / cfg_.parallel.dp : 0.0}, torch::kDouble);
+  d_.world->all_reduce(loss_t, Traffic::kControl);
+  r.loss = loss_t.item<double>();
+  if (!std::isfinite(r.loss)) {
+    throw std::runtime_error(fmt::format("training diverged: loss is {} at step {}. Fix: lower "
+                                         "train.lr or raise train.warmup_steps.",
+                                         r.loss, state_.step));
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  record_step(r, pipe.seconds, activations_peak);
+  return r;
+}
+
+// Gradient sync (DP with SC, then embedding: pair or FE), global-norm clipping, AdamW; a
+// non-finite gradient skips the optimizer step on every rank (BR-01). Counts the step.
+void Trainer::update(StepResult& r) {
+  const bool finite = grad_sync_->reduce(params_, state_.step);
+  if (!finite) {  // BR-01: NaN norm here reaches every rank through the model-parallel all-reduce
+    for (const auto& p : params_) p.grad().fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  r.grad_norm = global_grad_norm(model_, d_.model_parallel.get(), coord_.tp, stages_);
+  if (std::isfinite(r.grad_norm)) {
+    clip_grads_to(params_, r.grad_norm, cfg_.train.clip_grad);
+    optimizer_->step();
+  } else {
+    summary_.skipped_steps += 1;
+    if (!quiet_) {
+      spdlog::warn("step {}: non-finite gradients (norm {}); optimizer step skipped on every rank", state_.step + 1,
+                   r.grad_norm);
     }
   }
-  run_eval(state.step);
-  if (sink) sink->flush();
-  summary.last_step = state.step;
-  if (options.keep_parameters) {
-    for (const auto& p : model->named_parameters()) summary.parameters[p.key()] = p.value().detach().clone();
+  state_.step += 1;
+  state_.consumed_samples += cfg_.train.global_batch_size;
+}
+
+// Memory components, every rank's traffic and compressor records (a world all-gather), /train.
+void Trainer::record_step(const StepResult& r, double pipeline_seconds, int64_t activations_peak) {
+  seconds_run_ += r.seconds;
+  summary_.train_losses.push_back(r.loss);
+  int64_t param_bytes = 0, grad_bytes = 0;
+  for (const auto& p : params_) param_bytes += bytes_of(p), grad_bytes += bytes_of(p.grad());
+  const GradReducer* emb = grad_sync_->embedding_reducer();
+  const GradReducer& dpr = grad_sync_->dp_reducer();
+  extras_->memory = {param_bytes, grad_bytes, optimizer_state_bytes(*optimizer_), activations_peak,
+                     codec_->lep_bytes(), dpr.error_feedback_bytes() + (emb ? emb->error_feedback_bytes() : 0),
+                     dpr.factor_bytes() + (emb ? emb->factor_bytes() : 0) + codec_->codec_state_bytes(), memory_->peak()};
+  record_rank_stats(d_, sink_.get(), state_.step, pipeline_seconds, r.seconds, *extras_);
+  if (sink_) sink_->append("train", {state_.step, r.loss, r.lr, r.grad_norm, r.seconds, tokens_per_step_ / r.seconds});
+}
+
+void Trainer::log_progress(const StepResult& r) {
+  if (state_.step % cfg_.log.interval != 0 && state_.step != cfg_.train.train_steps) return;
+  if (sink_) sink_->flush();
+  const double avg = seconds_run_ / static_cast<double>(state_.step - summary_.first_step);
+  if (!quiet_) {
+    spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:>8.0f} tok/s | "
+                 "{:.0f} ms/step | ETA {}",
+                 state_.step, cfg_.train.train_steps, r.loss, r.lr, r.grad_norm, tokens_per_step_ / avg, avg * 1e3,
+                 format_eta(avg * (cfg_.train.train_steps - state_.step)));
   }
-  return summary;
+}
+
+// The validation loss at `step` (see validation_loss), into the summary, /eval and the log.
+void Trainer::evaluate(int64_t step) {
+  if (!data_.valid) return;  // empty validation split (the same on every rank)
+  const TrafficMeter before = d_.meter;  // /traffic is per training step: evaluation's bytes are not counted
+  const double loss = validation_loss(model_, cfg_, d_, *codec_, act_shape_, data_.valid.get());
+  d_.meter = before;
+  const Perplexity ppl = perplexity(loss);  // NaN stays NaN; a capped value is marked
+  summary_.eval_losses.push_back(loss);
+  if (sink_) {
+    sink_->append("eval", {step, loss, ppl.value, int64_t{ppl.capped}});
+    sink_->flush();
+  }
+  if (!quiet_) spdlog::info("eval  step {:>6} | {}", step, eval_text(loss, ppl));
+}
+
+// This rank's checkpoint of the step just completed; every rank waits in the world barrier.
+void Trainer::save() {
+  if (sink_) sink_->flush();
+  summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), state_, *model_, *optimizer_, layout_, config_yaml_,
+                                             cfg_.checkpoint.keep, [&] { d_.world->barrier(); },
+                                             {{"attention", model_->attention_generator()}}, checkpoint_parts_);
+  if (!quiet_) spdlog::info("checkpoint -> {}", summary_.last_checkpoint);
+}
+
+TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& d) {
+  Trainer trainer(std::move(cfg), options, d);
+  return trainer.run();
 }
 
 }  // namespace optcc

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,11 +23,30 @@
 #include <torch/torch.h>
 
 #include "harness/config/config.h"
+#include "harness/parallel/layout.h"
+#include "harness/records/checkpoint.h"
+#include "harness/train/optimizer.h"
 #include "models/gpt.h"
+
+namespace c10 {
+class DebugInfoGuard;
+}
 
 namespace optcc {
 
+namespace data {
+class GptDataset;
+}
 struct Distributed;
+struct StepExtras;
+class BatchLoader;
+class GptStageFunctions;
+class GradientSync;
+class Hdf5MetricsSink;
+class MemoryTracker;
+class PipelineCodec;
+class PipelineSchedule;
+class StageLink;
 
 /// Where a run starts. With checkpoints already in cfg.checkpoint_dir() (same run name, re-run):
 ///   resume set:         resume from that directory (an iter_* directory or its parent holding
@@ -55,6 +75,87 @@ struct TrainSummary {
   std::string last_checkpoint;       // "" if none written
   int64_t skipped_steps = 0;         // optimizer steps skipped on non-finite gradients (BR-01)
   std::map<std::string, torch::Tensor> parameters;  // keep_parameters: this rank's, by name
+};
+
+/// The token datasets of a run (valid: null when the validation split is empty).
+struct RunData {
+  std::shared_ptr<const data::GptDataset> train, valid;
+};
+
+/// One rank's training run. The constructor assembles the parts from the config, in this order
+/// (the order is part of the result: it fixes every RNG draw and every collective):
+///   set-up (vocabulary, validation, resume point, threads, seed) -> model and optimizer ->
+///   pipeline (codec, stage link, TP wire dtype, schedule) -> gradient sync (with SC's choice) ->
+///   checkpoint parts -> resume() -> records (widths, names, results file).
+/// Every rank of the world constructs a Trainer and calls run(); both are collective.
+class Trainer {
+ public:
+  Trainer(Config cfg, const TrainOptions& options, Distributed& d);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;  // the parts hold references to model_
+  Trainer& operator=(const Trainer&) = delete;
+
+  /// Evaluation at step 0 (when not resumed), the steps, evaluations and checkpoints, the final
+  /// evaluation. Returns what the run did.
+  TrainSummary run();
+
+ private:
+  struct StepResult;
+
+  void set_up();
+  void build_model_and_optimizer();
+  void build_pipeline();
+  void build_gradient_sync();
+  void choose_sc_auto();
+  void build_checkpoint_parts();
+  void resume();
+  void build_records();
+  std::map<std::string, std::string> result_attributes() const;
+  void log_start() const;
+
+  StepResult step();
+  void update(StepResult& r);
+  void record_step(const StepResult& r, double pipeline_seconds, int64_t activations_peak);
+  void log_progress(const StepResult& r);
+  void evaluate(int64_t step);
+  void save();
+
+  Distributed& d_;
+  TrainOptions options_;
+  std::shared_ptr<MemoryTracker> memory_;
+  std::unique_ptr<c10::DebugInfoGuard> memory_guard_;  // installed before any tensor of the run
+  Config cfg_;                                         // vocabulary resolved, validated
+  std::optional<std::string> resume_from_;             // the checkpoint to resume from, if any
+  bool writer_ = false, quiet_ = true;
+  RankCoord coord_;
+  int stages_ = 1;
+  StageRange range_;
+  int64_t m_ = 1;                   // micro-batches per step
+  std::vector<int64_t> act_shape_;  // [s, b, h] of a pipeline message
+  RunData data_;
+  GptModel model_{nullptr};
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  LrSchedule lr_;
+  CheckpointLayout layout_;
+  std::string config_yaml_;
+  std::shared_ptr<PipelineCodec> codec_;
+  std::unique_ptr<StageLink> link_;
+  std::unique_ptr<PipelineSchedule> pipeline_;
+  std::unique_ptr<GptStageFunctions> stage_fn_;
+  std::vector<bool> sc_compress_;  // [stages]: SC, which stages compress their DP gradients
+  std::string sc_auto_text_;       // dp_stages: auto, how the choice was made
+  std::string sc_stages_;          // the choice, for the log and results
+  std::unique_ptr<GradientSync> grad_sync_;
+  std::vector<CheckpointPart> checkpoint_parts_;
+  TrainState state_;
+  std::unique_ptr<StepExtras> extras_;
+  std::vector<std::vector<std::string>> all_dp_names_;
+  std::unique_ptr<BatchLoader> loader_;
+  TrainSummary summary_;
+  std::unique_ptr<Hdf5MetricsSink> sink_;
+  int64_t tokens_per_step_ = 0;
+  std::vector<torch::Tensor> params_;
+  double seconds_run_ = 0.0;
 };
 
 /// Runs `cfg` on the ranks the launch environment describes (local launcher, Slurm, torchrun, or
