@@ -27,7 +27,7 @@
 #include "harness/config/config.h"
 #include "harness/parallel/distributed.h"
 #include "harness/parallel/threads.h"
-#include "harness/tools/traffic_model.h"
+#include "harness/tools/traffic_report.h"
 #include "harness/train/trainer.h"
 
 extern char** environ;

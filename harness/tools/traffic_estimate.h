@@ -1,6 +1,6 @@
 // Analytic traffic: the bytes one training iteration sends, by traffic class and link, per rank and
 // for the whole cluster, computed from the config alone (no process group, no data, no tensors).
-// `optcc traffic --config ...` prints it; spec §9 is the reference for the arithmetic.
+// `optcc traffic --config ...` prints it (traffic_report.h); spec §9 is the reference for the arithmetic.
 //
 // The model mirrors what the runtime meters (harness/parallel/communicator.h), call for call:
 //   - byte conventions per rank: all-reduce of X over n ranks 2(n-1)·X/n (integer division per
@@ -159,15 +159,5 @@ struct PaperTrafficRows {
   std::vector<std::string> notes;
 };
 PaperTrafficRows paper_traffic_rows(const Config& cfg, const TrafficModelOptions& o = {});
-
-/// Decimal units as spec §9 prints them: "518 MB", "12.08 GB", "17.7 TB" (4 significant digits).
-std::string format_bytes(double bytes);
-
-/// The `optcc traffic` output: a class x link table per GPU of each stage and for the cluster, then
-/// the spec §9 rows. `json`: one JSON document with the same numbers (bytes, not rounded).
-std::string traffic_report(const Config& cfg, const TrafficEstimate& e, const PaperTrafficRows& rows,
-                           const TrafficModelOptions& o);
-std::string traffic_report_json(const Config& cfg, const TrafficEstimate& e, const PaperTrafficRows& rows,
-                                const TrafficModelOptions& o);
 
 }  // namespace optcc
