@@ -14,11 +14,8 @@
 #include "compression/grad_reducer.h"
 #include "compression/options.h"
 #include "compression/powersgd.h"
+#include "compression/elementwise_reducer.h"
 #include "harness/parallel/schedule.h"
-#if __has_include("compression/sparse_reducers.h")
-#include "compression/sparse_reducers.h"
-#define OPTCC_TRAFFIC_HAS_SPARSE 1
-#endif
 
 namespace optcc {
 namespace {
@@ -75,8 +72,7 @@ ReducerBytes powersgd_bytes(const CompressorSpec& spec, const std::vector<std::v
           ""};
 }
 
-#ifdef OPTCC_TRAFFIC_HAS_SPARSE
-// sparse_reducers.h: tensor i (N elements) raw when N < min_numel or compressed_bytes(N) >= 4N;
+// elementwise_reducer.h: tensor i (N elements) raw when N < min_numel or compressed_bytes(N) >= 4N;
 // compressed messages of all tensors in ONE collective (randomk: all-reduce; topk, qsgd, signsgd:
 // all-gather), raw tensors in one fp32 all-reduce. The per-tensor byte formula is the reducer's own.
 ReducerBytes elementwise_bytes(const Registry<GradReducer>& registry, const CompressorSpec& spec,
@@ -98,7 +94,6 @@ ReducerBytes elementwise_bytes(const Registry<GradReducer>& registry, const Comp
   const int64_t message = spec.name == "randomk" ? all_reduce_bytes(n, compressed) : all_gather_bytes(n, compressed);
   return {true, message + all_reduce_bytes(n, 4 * raw), ""};
 }
-#endif
 
 ReducerBytes reducer_bytes(const CompressorSpec& spec, const std::vector<std::vector<int64_t>>& shapes, int64_t n,
                            const TrafficModelOptions& o) {
@@ -113,11 +108,9 @@ ReducerBytes reducer_bytes(const CompressorSpec& spec, const std::vector<std::ve
   if (name == "powersgd") return powersgd_bytes(spec, shapes, n, o);
   Registry<GradReducer> registry;
   register_builtin_grad_reducers(registry);
-#ifdef OPTCC_TRAFFIC_HAS_SPARSE
   if (registry.contains(name) && (name == "topk" || name == "randomk" || name == "qsgd" || name == "signsgd")) {
     return elementwise_bytes(registry, spec, shapes, n);
   }
-#endif
   return {false, 0,
           fmt::format("reducer '{}' is not modelled{}", name,
                       registry.contains(name) ? "" : " (not registered in this build)")};

@@ -9,7 +9,7 @@
 //     different nodes), so e.g. PP sends are "inter" as soon as the pipeline group spans nodes;
 //   - parameter shapes per TP rank come from stage_parameter_shapes() below, which lists what
 //     GptModel (models/gpt.h) registers; the DP reducers' payloads follow their headers
-//     (compression/powersgd.h, cast_reducer.h, grad_reducer.h, sparse_reducers.h), the pipeline
+//     (compression/powersgd.h, cast_reducer.h, grad_reducer.h, elementwise_reducer.h), the pipeline
 //     codecs' bytes come from the codec objects themselves (ActCodec::payload_bytes) and the
 //     epilogue-only decision from the schedule (schedule.h backward_send_is_epilogue).
 // Per class (stage k of p, m micro-batches, N = s·b·h elements per message, β bytes per element,
