@@ -145,18 +145,10 @@ std::optional<std::string> find_checkpoint(const std::string& path) {
   return std::nullopt;
 }
 
-TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
-                           torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
-                           const std::map<std::string, at::Generator>& generators,
-                           const std::vector<CheckpointPart>& parts) {
-  const fs::path ckpt_dir = find_checkpoint(ckpt).value_or(ckpt);
-  const std::string file = rank_file(ckpt_dir, layout.rank);
-  if (!fs::exists(file)) {
-    throw std::runtime_error(fmt::format(
-        "checkpoint: {} does not exist. Fix: point --resume at a checkpoint directory "
-        "(iter_NNNNNNN or its parent holding `latest`) written by a run with the same layout.",
-        file));
-  }
+namespace {
+
+// The archive of `file`, checked for this build's format and this run's layout.
+torch::serialize::InputArchive open_checkpoint(const std::string& file, const CheckpointLayout& layout) {
   torch::serialize::InputArchive ar;
   try {
     ar.load_from(file);
@@ -177,6 +169,10 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
         "dp={}. Fix: resume with the checkpoint's layout (resharding is not supported).",
         file, l[0], l[1], l[2], layout.tp, layout.pp, layout.dp));
   }
+  return ar;
+}
+
+void load_parameters(torch::serialize::InputArchive& ar, const std::string& file, torch::nn::Module& model) {
   torch::NoGradGuard no_grad;
   for (auto& p : model.named_parameters()) {
     torch::Tensor t;
@@ -193,9 +189,11 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
     }
     p.value().copy_(t);
   }
-  torch::serialize::InputArchive opt_ar;
-  ar.read("optimizer", opt_ar);
-  optimizer.load(opt_ar);
+}
+
+// The default CPU generator, then the named ones.
+void load_generators(torch::serialize::InputArchive& ar, const std::string& file,
+                     const std::map<std::string, at::Generator>& generators) {
   torch::Tensor rng;
   ar.read("rng/cpu", rng);
   at::Generator gen = at::detail::getDefaultCPUGenerator();
@@ -209,6 +207,10 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
     }
     g.set_state(state);
   }
+}
+
+// Each part's state, after checking that it was written by the same compressor (identity).
+void load_parts(torch::serialize::InputArchive& ar, const std::string& file, const std::vector<CheckpointPart>& parts) {
   for (const auto& part : parts) {
     c10::IValue saved_identity;
     torch::serialize::InputArchive sub;
@@ -235,6 +237,30 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
           file, part.name, part.identity, e.what()));
     }
   }
+}
+
+}  // namespace
+
+TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
+                           const std::map<std::string, at::Generator>& generators,
+                           const std::vector<CheckpointPart>& parts) {
+  const fs::path ckpt_dir = find_checkpoint(ckpt).value_or(ckpt);
+  const std::string file = rank_file(ckpt_dir, layout.rank);
+  if (!fs::exists(file)) {
+    throw std::runtime_error(fmt::format(
+        "checkpoint: {} does not exist. Fix: point --resume at a checkpoint directory "
+        "(iter_NNNNNNN or its parent holding `latest`) written by a run with the same layout.",
+        file));
+  }
+  torch::serialize::InputArchive ar = open_checkpoint(file, layout);
+  torch::NoGradGuard no_grad;
+  load_parameters(ar, file, model);
+  torch::serialize::InputArchive opt_ar;
+  ar.read("optimizer", opt_ar);
+  optimizer.load(opt_ar);
+  load_generators(ar, file, generators);
+  load_parts(ar, file, parts);
   return TrainState{read_scalar(ar, "meta/step"), read_scalar(ar, "meta/consumed_samples")};
 }
 

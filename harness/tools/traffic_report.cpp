@@ -52,10 +52,9 @@ std::string describe_scheme(const Config& cfg) {
 
 }  // namespace
 
-std::string traffic_report(const Config& cfg, const TrafficEstimate& e, const PaperTrafficRows& rows,
-                           const TrafficModelOptions& o) {
-  std::string out;
-  const int64_t p = e.dims.pp;
+namespace {
+
+void report_header(std::string& out, const Config& cfg, const TrafficEstimate& e, const TrafficModelOptions& o) {
   out += fmt::format(
       "optcc traffic (analytic, bytes per iteration; decimal units): model '{}' L={} h={} heads={} s={} vocab {} "
       "(padded {})\n",
@@ -70,8 +69,11 @@ std::string traffic_report(const Config& cfg, const TrafficEstimate& e, const Pa
       o.recompute ? "full recomputation" : "no recomputation", e.scatter_gather ? "on" : "off");
   out += describe_scheme(cfg) + "\n";
   if (o.reference_powersgd) out += "DP PowerSGD modelled with the reference's rule: every >=2-D gradient compressed\n";
+}
 
-  // Per GPU of each stage.
+// Per GPU of each stage: class x link rows, the total, the DP reducer and compressed backward sends.
+void report_per_gpu(std::string& out, const TrafficEstimate& e) {
+  const int64_t p = e.dims.pp;
   out += "\nPer GPU and iteration (one GPU of each stage; all TP and DP ranks of a stage send alike)\n";
   std::string head = fmt::format("{:<10} {:<6}", "class", "link");
   for (int64_t k = 0; k < p; ++k) head += fmt::format(" {:>13}", fmt::format("stage {}", k));
@@ -105,8 +107,9 @@ std::string traffic_report(const Config& cfg, const TrafficEstimate& e, const Pa
   std::string cb = fmt::format("{:<17}", "bwd compressed");
   for (int64_t k = 0; k < p; ++k) cb += fmt::format(" {:>13}", fmt::format("{}/{}", e.stages[k].backward_compressed, e.stages[k].backward_sends));
   out += cb + "\n";
+}
 
-  // Cluster.
+void report_cluster(std::string& out, const TrafficEstimate& e) {
   out += "\nCluster total per iteration\n";
   out += fmt::format("{:<10} {:>13} {:>13} {:>13}\n", "class", "intra", "inter", "total");
   for (Traffic cls : kModelledClasses) {
@@ -125,8 +128,9 @@ std::string traffic_report(const Config& cfg, const TrafficEstimate& e, const Pa
   }
   out += fmt::format("{:<10} {:>13} {:>13} {:>13}\n", "total", format_bytes(static_cast<double>(intra)),
                      format_bytes(static_cast<double>(inter)), format_bytes(static_cast<double>(intra + inter)));
+}
 
-  // Spec §9 rows.
+void report_spec_rows(std::string& out, const TrafficEstimate& e, const PaperTrafficRows& rows) {
   out += "\nSpec §9 rows (this model and layout; baseline / technique variants of the config)\n";
   auto row = [&](const std::string& what, const std::string& value) { out += fmt::format("  {:<58} {}\n", what, value); };
   std::string theta;
@@ -150,14 +154,91 @@ std::string traffic_report(const Config& cfg, const TrafficEstimate& e, const Pa
                   format_bytes(static_cast<double>(rows.embedding_total_fe_reference))));
   row(fmt::format("TP all-reduce total (k_TP={})", e.k_tp), format_bytes(static_cast<double>(rows.tp_total)));
   row("LEP buffer per GPU", format_bytes(static_cast<double>(rows.lep_per_gpu)));
+}
+
+void report_notes(std::string& out, const TrafficEstimate& e, const PaperTrafficRows& rows) {
   std::vector<std::string> notes = e.notes;
   notes.insert(notes.end(), rows.notes.begin(), rows.notes.end());
   if (!notes.empty()) {
     out += "\nNotes\n";
     for (const auto& n : notes) out += "  - " + n + "\n";
   }
+}
+
+}  // namespace
+
+std::string traffic_report(const Config& cfg, const TrafficEstimate& e, const PaperTrafficRows& rows,
+                           const TrafficModelOptions& o) {
+  std::string out;
+  report_header(out, cfg, e, o);
+  report_per_gpu(out, e);
+  report_cluster(out, e);
+  report_spec_rows(out, e, rows);
+  report_notes(out, e, rows);
   return out;
 }
+
+namespace {
+
+// One class x link table: {class: {intra, inter, total}} (null: not modelled).
+nlohmann::json class_link_json(const TrafficEstimate& e, const ClassLinkBytes& v) {
+  using nlohmann::json;
+  json c;
+  for (Traffic cls : kModelledClasses) {
+    const int i = static_cast<int>(cls);
+    if (!e.modelled[i]) {
+      c[traffic_name(cls)] = nullptr;
+      continue;
+    }
+    c[traffic_name(cls)] = {{"intra", v[i][0]}, {"inter", v[i][1]}, {"total", v[i][0] + v[i][1]}};
+  }
+  return c;
+}
+
+nlohmann::json stages_json(const TrafficEstimate& e) {
+  using nlohmann::json;
+  json stages = json::array();
+  for (int64_t k = 0; k < e.dims.pp; ++k) {
+    const auto& g = e.stages[k];
+    stages.push_back({{"stage", k},
+                      {"layers", g.layers},
+                      {"parameters", g.parameters},
+                      {"dp_elements", g.dp_elements},
+                      {"dp_reducer", g.dp_reducer},
+                      {"compresses_dp", g.compresses_dp},
+                      {"backward_sends", g.backward_sends},
+                      {"backward_compressed", g.backward_compressed},
+                      {"lep_bytes", g.lep_bytes},
+                      {"per_gpu", class_link_json(e, e.gpu(static_cast<int>(k)).bytes)}});
+  }
+  return stages;
+}
+
+nlohmann::json spec9_json(const PaperTrafficRows& rows) {
+  nlohmann::json j;
+  j["spec9"] = {{"stage_parameters", rows.stage_parameters},
+                {"pp_message", rows.pp_message},
+                {"pp_message_cb", rows.pp_message_cb},
+                {"cb_codec", rows.cb_codec},
+                {"pp_forward_total", rows.pp_forward_total},
+                {"pp_backward_baseline", rows.pp_backward_baseline},
+                {"pp_backward_cb_epilogue", rows.pp_backward_cb_epilogue},
+                {"pp_backward_cb_all", rows.pp_backward_cb_all},
+                {"dp_per_gpu_baseline", rows.dp_per_gpu_baseline},
+                {"dp_per_gpu_fe_sc", rows.dp_per_gpu_fe_sc},
+                {"fe_sc_reducer", rows.fe_sc_reducer},
+                {"fe_sc_stages", rows.fe_sc_stages},
+                {"dp_total_baseline", rows.dp_total_baseline},
+                {"dp_total_fe_sc", rows.dp_total_fe_sc},
+                {"embedding_total_baseline", rows.embedding_total_baseline},
+                {"embedding_total_fe", rows.embedding_total_fe},
+                {"embedding_total_fe_reference", rows.embedding_total_fe_reference},
+                {"tp_total", rows.tp_total},
+                {"lep_per_gpu", rows.lep_per_gpu}};
+  return j["spec9"];
+}
+
+}  // namespace
 
 std::string traffic_report_json(const Config& cfg, const TrafficEstimate& e, const PaperTrafficRows& rows,
                                 const TrafficModelOptions& o) {
@@ -181,54 +262,10 @@ std::string traffic_report_json(const Config& cfg, const TrafficEstimate& e, con
                   {"reference_powersgd", o.reference_powersgd},
                   {"scatter_gather", e.scatter_gather}};
   j["compression"] = describe_scheme(cfg);
-  auto class_link = [&](const ClassLinkBytes& v) {
-    json c;
-    for (Traffic cls : kModelledClasses) {
-      const int i = static_cast<int>(cls);
-      if (!e.modelled[i]) {
-        c[traffic_name(cls)] = nullptr;
-        continue;
-      }
-      c[traffic_name(cls)] = {{"intra", v[i][0]}, {"inter", v[i][1]}, {"total", v[i][0] + v[i][1]}};
-    }
-    return c;
-  };
-  json stages = json::array();
-  for (int64_t k = 0; k < e.dims.pp; ++k) {
-    const auto& g = e.stages[k];
-    stages.push_back({{"stage", k},
-                      {"layers", g.layers},
-                      {"parameters", g.parameters},
-                      {"dp_elements", g.dp_elements},
-                      {"dp_reducer", g.dp_reducer},
-                      {"compresses_dp", g.compresses_dp},
-                      {"backward_sends", g.backward_sends},
-                      {"backward_compressed", g.backward_compressed},
-                      {"lep_bytes", g.lep_bytes},
-                      {"per_gpu", class_link(e.gpu(static_cast<int>(k)).bytes)}});
-  }
-  j["stages"] = stages;
-  j["cluster"] = class_link(e.cluster);
+  j["stages"] = stages_json(e);
+  j["cluster"] = class_link_json(e, e.cluster);
   j["cluster_total"] = e.cluster_total();
-  j["spec9"] = {{"stage_parameters", rows.stage_parameters},
-                {"pp_message", rows.pp_message},
-                {"pp_message_cb", rows.pp_message_cb},
-                {"cb_codec", rows.cb_codec},
-                {"pp_forward_total", rows.pp_forward_total},
-                {"pp_backward_baseline", rows.pp_backward_baseline},
-                {"pp_backward_cb_epilogue", rows.pp_backward_cb_epilogue},
-                {"pp_backward_cb_all", rows.pp_backward_cb_all},
-                {"dp_per_gpu_baseline", rows.dp_per_gpu_baseline},
-                {"dp_per_gpu_fe_sc", rows.dp_per_gpu_fe_sc},
-                {"fe_sc_reducer", rows.fe_sc_reducer},
-                {"fe_sc_stages", rows.fe_sc_stages},
-                {"dp_total_baseline", rows.dp_total_baseline},
-                {"dp_total_fe_sc", rows.dp_total_fe_sc},
-                {"embedding_total_baseline", rows.embedding_total_baseline},
-                {"embedding_total_fe", rows.embedding_total_fe},
-                {"embedding_total_fe_reference", rows.embedding_total_fe_reference},
-                {"tp_total", rows.tp_total},
-                {"lep_per_gpu", rows.lep_per_gpu}};
+  j["spec9"] = spec9_json(rows);
   std::vector<std::string> notes = e.notes;
   notes.insert(notes.end(), rows.notes.begin(), rows.notes.end());
   j["notes"] = notes;

@@ -22,7 +22,10 @@ std::string eval_text(double loss, const Perplexity& ppl) {
                      ppl.capped ? " (capped)" : "");
 }
 
-std::vector<TableSpec> result_tables() {
+namespace {
+
+// Loss curves, traffic and peak RSS.
+std::vector<TableSpec> step_tables() {
   return {
       {"train",
        {{"step", ColumnType::kInt64, "steps"},
@@ -49,6 +52,12 @@ std::vector<TableSpec> result_tables() {
         {"calls", ColumnType::kInt64, ""},
         {"seconds", ColumnType::kFloat64, "s"}}},
       {"memory", {{"step", ColumnType::kInt64, "steps"}, {"rank", ColumnType::kInt64, ""}, {"peak_rss_bytes", ColumnType::kInt64, "bytes"}}},
+  };
+}
+
+// What the DP reducers and the pipeline codec did.
+std::vector<TableSpec> compression_tables() {
+  return {
       // BR-04: one row per (step, rank, DP tensor): raw vs. handed-to-collective bytes. `tensor`
       // indexes the root attribute dp_tensor_names[rank]; matrix_rank is PowerSGD's effective rank.
       {"dp_tensors",
@@ -72,6 +81,12 @@ std::vector<TableSpec> result_tables() {
         {"encode_seconds", ColumnType::kFloat64, "s"},
         {"decode_seconds", ColumnType::kFloat64, "s"},
         {"lep_bytes", ColumnType::kInt64, "bytes"}}},
+  };
+}
+
+// Memory by component, LEP orthogonality (Fig. 11), per-rank timing.
+std::vector<TableSpec> component_tables() {
+  return {
       // Fig. 12 (spec §8.3): tensor memory per (step, rank) by component, bytes. activations_peak
       // is the tracked peak during the pipeline schedule above the memory held when it started;
       // tracked_peak the peak of all tensor memory over the step (memory_tracker.h).
@@ -103,97 +118,133 @@ std::vector<TableSpec> result_tables() {
   };
 }
 
+}  // namespace
+
+std::vector<TableSpec> result_tables() {
+  std::vector<TableSpec> out;
+  for (auto part : {step_tables(), compression_tables(), component_tables()}) {
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
 int64_t peak_rss_bytes() {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
+namespace {
+
+// Where each part sits in a rank's row of the per-step all-gather (doubles).
+struct RecordLayout {
+  static constexpr int kPer = 3;    // bytes, calls, seconds per (class, link)
+  static constexpr int kCodec = 9;  // pipeline codec stats
+  int64_t traffic_width = 0, tensors_at = 0, codec_at = 0, orth_at = 0, memory_at = 0, width = 0;
+  explicit RecordLayout(const StepExtras& x)
+      : traffic_width(kNumTraffic * 2 * kPer),
+        tensors_at(traffic_width + 3),
+        codec_at(tensors_at + 1 + 4 * x.max_dp_tensors),
+        orth_at(codec_at + kCodec),
+        memory_at(orth_at + 1 + 4 * x.max_orth_pairs),
+        width(memory_at + kMemoryComponents) {}
+};
+
+// This rank's traffic of the step, peak RSS and timings.
+void pack_traffic(at::TensorAccessor<double, 1>& a, const RecordLayout& lay, Distributed& d, double pipeline_seconds,
+                  double step_seconds) {
+  for (int c = 0; c < kNumTraffic; ++c) {
+    for (int l = 0; l < 2; ++l) {
+      const auto& t = d.meter.at(static_cast<Traffic>(c), static_cast<Link>(l));
+      const int64_t i = (c * 2 + l) * RecordLayout::kPer;
+      a[i] = static_cast<double>(t.bytes), a[i + 1] = static_cast<double>(t.calls), a[i + 2] = t.seconds;
+    }
+  }
+  a[lay.traffic_width] = static_cast<double>(peak_rss_bytes());
+  a[lay.traffic_width + 1] = pipeline_seconds;
+  a[lay.traffic_width + 2] = step_seconds;
+}
+
+// DP tensor records; the pipeline codec's stats (then reset) and LEP orthogonality records.
+void pack_compression(at::TensorAccessor<double, 1>& a, const RecordLayout& lay, const StepExtras& x) {
+  if (x.dp_reducer) {
+    const auto& recs = x.dp_reducer->records();
+    a[lay.tensors_at] = static_cast<double>(recs.size());
+    for (size_t i = 0; i < recs.size() && static_cast<int64_t>(i) < x.max_dp_tensors; ++i) {
+      const int64_t o = lay.tensors_at + 1 + 4 * static_cast<int64_t>(i);
+      a[o] = static_cast<double>(recs[i].raw_bytes), a[o + 1] = static_cast<double>(recs[i].sent_bytes);
+      a[o + 2] = recs[i].compressed ? 1 : 0, a[o + 3] = static_cast<double>(recs[i].rank);
+    }
+  }
+  if (!x.codec) return;
+  const auto& st = x.codec->stats();
+  const double v[RecordLayout::kCodec] = {
+      static_cast<double>(st.backward_sends), static_cast<double>(st.backward_compressed),
+      static_cast<double>(st.backward_raw_bytes), static_cast<double>(st.backward_wire_bytes),
+      static_cast<double>(st.forward_raw_bytes), static_cast<double>(st.forward_wire_bytes),
+      st.encode_seconds, st.decode_seconds, static_cast<double>(x.codec->lep_bytes())};
+  for (int i = 0; i < RecordLayout::kCodec; ++i) a[lay.codec_at + i] = v[i];
+  x.codec->reset_stats();
+  if (x.max_orth_pairs > 0) {
+    const auto orth = x.codec->orthogonality();
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(orth.cosine.size()), x.max_orth_pairs);
+    a[lay.orth_at] = static_cast<double>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t o = lay.orth_at + 1 + 4 * i;
+      a[o] = orth.microbatch[i], a[o + 1] = orth.cosine[i], a[o + 2] = orth.error_mean[i], a[o + 3] = orth.delta_mean[i];
+    }
+  }
+}
+
+// Rank r's rows of the step, from its gathered row g.
+void append_rank_rows(MetricsSink& sink, int64_t step, int64_t r, at::TensorAccessor<double, 1> g,
+                      const RecordLayout& lay) {
+  auto i64 = [](double v) { return static_cast<int64_t>(v); };
+  for (int c = 0; c < kNumTraffic; ++c) {
+    for (int l = 0; l < 2; ++l) {
+      const int64_t i = (c * 2 + l) * RecordLayout::kPer;
+      if (g[i + 1] == 0) continue;
+      sink.append("traffic", {step, r, int64_t{c}, int64_t{l}, i64(g[i]), i64(g[i + 1]), g[i + 2]});
+    }
+  }
+  sink.append("memory", {step, r, i64(g[lay.traffic_width])});
+  sink.append("timing", {step, r, g[lay.traffic_width + 1], g[lay.traffic_width + 2]});
+  for (int64_t i = 0; i < i64(g[lay.tensors_at]); ++i) {
+    const int64_t o = lay.tensors_at + 1 + 4 * i;
+    sink.append("dp_tensors", {step, r, i, i64(g[o]), i64(g[o + 1]), i64(g[o + 2]), i64(g[o + 3])});
+  }
+  const int64_t k = lay.codec_at;
+  if (g[k] > 0 || g[k + 5] > 0) {
+    sink.append("pipeline_codec", {step, r, i64(g[k]), i64(g[k + 1]), i64(g[k + 2]), i64(g[k + 3]), i64(g[k + 4]),
+                                   i64(g[k + 5]), g[k + 6], g[k + 7], i64(g[k + 8])});
+  }
+  std::vector<Cell> mem{step, r};
+  for (int i = 0; i < kMemoryComponents; ++i) mem.push_back(i64(g[lay.memory_at + i]));
+  sink.append("memory_components", mem);
+  for (int64_t i = 0; i < i64(g[lay.orth_at]); ++i) {
+    const int64_t o = lay.orth_at + 1 + 4 * i;
+    sink.append("lep_orthogonality", {step, r, i64(g[o]), g[o + 1], g[o + 2], g[o + 3]});
+  }
+}
+
+}  // namespace
+
 // Per-rank rows of one step besides traffic: compression records (fixed widths agreed at start).
 // Gathers every rank's traffic of this step, peak memory, timings and compression records to all
 // ranks with one all-gather; rank 0 writes.
 void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double pipeline_seconds, double step_seconds,
                        const StepExtras& x) {
-  constexpr int kPer = 3;
-  constexpr int kCodec = 9;
-  const int64_t traffic_width = kNumTraffic * 2 * kPer;
-  const int64_t tensors_at = traffic_width + 3;
-  const int64_t codec_at = tensors_at + 1 + 4 * x.max_dp_tensors;
-  const int64_t orth_at = codec_at + kCodec;
-  const int64_t memory_at = orth_at + 1 + 4 * x.max_orth_pairs;
-  const int64_t width = memory_at + kMemoryComponents;
-  auto mine = torch::zeros({width}, torch::kDouble);
+  const RecordLayout lay(x);
+  auto mine = torch::zeros({lay.width}, torch::kDouble);
   auto a = mine.accessor<double, 1>();
-  for (int c = 0; c < kNumTraffic; ++c) {
-    for (int l = 0; l < 2; ++l) {
-      const auto& t = d.meter.at(static_cast<Traffic>(c), static_cast<Link>(l));
-      const int64_t i = (c * 2 + l) * kPer;
-      a[i] = static_cast<double>(t.bytes), a[i + 1] = static_cast<double>(t.calls), a[i + 2] = t.seconds;
-    }
-  }
-  a[traffic_width] = static_cast<double>(peak_rss_bytes());
-  a[traffic_width + 1] = pipeline_seconds;
-  a[traffic_width + 2] = step_seconds;
-  if (x.dp_reducer) {
-    const auto& recs = x.dp_reducer->records();
-    a[tensors_at] = static_cast<double>(recs.size());
-    for (size_t i = 0; i < recs.size() && static_cast<int64_t>(i) < x.max_dp_tensors; ++i) {
-      const int64_t o = tensors_at + 1 + 4 * static_cast<int64_t>(i);
-      a[o] = static_cast<double>(recs[i].raw_bytes), a[o + 1] = static_cast<double>(recs[i].sent_bytes);
-      a[o + 2] = recs[i].compressed ? 1 : 0, a[o + 3] = static_cast<double>(recs[i].rank);
-    }
-  }
-  if (x.codec) {
-    const auto& st = x.codec->stats();
-    const double v[kCodec] = {static_cast<double>(st.backward_sends), static_cast<double>(st.backward_compressed),
-                              static_cast<double>(st.backward_raw_bytes), static_cast<double>(st.backward_wire_bytes),
-                              static_cast<double>(st.forward_raw_bytes), static_cast<double>(st.forward_wire_bytes),
-                              st.encode_seconds, st.decode_seconds, static_cast<double>(x.codec->lep_bytes())};
-    for (int i = 0; i < kCodec; ++i) a[codec_at + i] = v[i];
-    x.codec->reset_stats();
-    if (x.max_orth_pairs > 0) {
-      const auto orth = x.codec->orthogonality();
-      const int64_t n = std::min<int64_t>(static_cast<int64_t>(orth.cosine.size()), x.max_orth_pairs);
-      a[orth_at] = static_cast<double>(n);
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t o = orth_at + 1 + 4 * i;
-        a[o] = orth.microbatch[i], a[o + 1] = orth.cosine[i], a[o + 2] = orth.error_mean[i], a[o + 3] = orth.delta_mean[i];
-      }
-    }
-  }
-  for (int i = 0; i < kMemoryComponents; ++i) a[memory_at + i] = static_cast<double>(x.memory[i]);
+  pack_traffic(a, lay, d, pipeline_seconds, step_seconds);
+  pack_compression(a, lay, x);
+  for (int i = 0; i < kMemoryComponents; ++i) a[lay.memory_at + i] = static_cast<double>(x.memory[i]);
   d.meter.reset();
   auto all = d.world->all_gather(mine.unsqueeze(0), Traffic::kControl, 0);  // [world, width]
   if (!sink) return;
   auto g = all.accessor<double, 2>();
-  auto i64 = [](double v) { return static_cast<int64_t>(v); };
-  for (int64_t r = 0; r < all.size(0); ++r) {
-    for (int c = 0; c < kNumTraffic; ++c) {
-      for (int l = 0; l < 2; ++l) {
-        const int64_t i = (c * 2 + l) * kPer;
-        if (g[r][i + 1] == 0) continue;
-        sink->append("traffic", {step, r, int64_t{c}, int64_t{l}, i64(g[r][i]), i64(g[r][i + 1]), g[r][i + 2]});
-      }
-    }
-    sink->append("memory", {step, r, i64(g[r][traffic_width])});
-    sink->append("timing", {step, r, g[r][traffic_width + 1], g[r][traffic_width + 2]});
-    for (int64_t i = 0; i < i64(g[r][tensors_at]); ++i) {
-      const int64_t o = tensors_at + 1 + 4 * i;
-      sink->append("dp_tensors", {step, r, i, i64(g[r][o]), i64(g[r][o + 1]), i64(g[r][o + 2]), i64(g[r][o + 3])});
-    }
-    if (g[r][codec_at] > 0 || g[r][codec_at + 5] > 0) {
-      sink->append("pipeline_codec", {step, r, i64(g[r][codec_at]), i64(g[r][codec_at + 1]), i64(g[r][codec_at + 2]),
-                                      i64(g[r][codec_at + 3]), i64(g[r][codec_at + 4]), i64(g[r][codec_at + 5]),
-                                      g[r][codec_at + 6], g[r][codec_at + 7], i64(g[r][codec_at + 8])});
-    }
-    std::vector<Cell> mem{step, r};
-    for (int i = 0; i < kMemoryComponents; ++i) mem.push_back(i64(g[r][memory_at + i]));
-    sink->append("memory_components", mem);
-    for (int64_t i = 0; i < i64(g[r][orth_at]); ++i) {
-      const int64_t o = orth_at + 1 + 4 * i;
-      sink->append("lep_orthogonality", {step, r, i64(g[r][o]), g[r][o + 1], g[r][o + 2], g[r][o + 3]});
-    }
-  }
+  for (int64_t r = 0; r < all.size(0); ++r) append_rank_rows(*sink, step, r, g[r], lay);
 }
 
 // Every rank's strings (e.g. DP tensor names) on every rank, in rank order.
