@@ -12,7 +12,7 @@
 // ends agree before anything travels. Bytes are counted by the Communicator where they go on the
 // wire; payload_bytes() is the closed form for tests and traffic estimates.
 //
-// Adapting to harness/stage_link.h's MessageCodec: encode/decode map one to one; note that the link
+// Adapting to harness/parallel/stage_link.h's MessageCodec: encode/decode map one to one; note that the link
 // allocates receive buffers in ITS dtype, so codecs whose wire_dtypes() differ from the link's dtype
 // (fp16/bf16/int8/int4/topk, and lowrank under a 16-bit link: spec §10 item 5) need the adapter to
 // allocate with wire_dtypes() instead.

@@ -4,7 +4,10 @@
 
 #include "compression/cast_reducer.h"
 #include "compression/powersgd.h"
-#include "compression/sparse_reducers.h"
+#include "compression/qsgd_reducer.h"
+#include "compression/randomk_reducer.h"
+#include "compression/signsgd_reducer.h"
+#include "compression/topk_reducer.h"
 
 namespace optcc {
 

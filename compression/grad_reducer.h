@@ -29,7 +29,7 @@
 
 #include "compression/registry.h"
 #include "compression/state_manifest.h"
-#include "harness/communicator.h"
+#include "harness/parallel/communicator.h"
 
 namespace optcc {
 
@@ -123,7 +123,7 @@ torch::Tensor flatten_fp32(const std::vector<torch::Tensor>& grads);
 void unflatten_into(const torch::Tensor& flat, std::vector<torch::Tensor>& grads);
 
 /// Adds none, fp16, bf16, powersgd (powersgd.h), topk, randomk, qsgd and signsgd
-/// (sparse_reducers.h) to `registry`; option keys: see each header.
+/// ({topk,randomk,qsgd,signsgd}_reducer.h) to `registry`; option keys: see each header.
 void register_builtin_grad_reducers(Registry<GradReducer>& registry);
 
 }  // namespace optcc

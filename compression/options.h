@@ -1,4 +1,4 @@
-// One strict reader for every scalar optcc takes from YAML: the config's sections (harness/config_io)
+// One strict reader for every scalar optcc takes from YAML: the config's sections (harness/config/config_io.cpp)
 // and every compressor's options (the factories in this folder) parse integers, numbers and booleans
 // through the functions below, so `010`, `0x10` or `.nan` mean the same thing (or fail the same way)
 // wherever they are written.

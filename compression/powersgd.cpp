@@ -131,22 +131,12 @@ void PowerSgdReducer::check_q_shapes(const Plan& p) const {
 // the gradient itself (fp32) or one fp32 copy of it. Non-fp32 gradients go through fp32 copies.
 // EF_i holds M_i between the first and the last pass: a collective that throws in between (a dead
 // peer, which ends the run) leaves EF_i = M_i, not the old residual.
-void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) {
-  torch::NoGradGuard no_grad;
-  bind_tensors(grads);  // the same list as the state's, before anything changes
-  ensure_state(grads.size());
-  if (step < opt_.warmup_steps) {  // 0. warm-up: the baseline, state untouched
-    NoneReducer none;
-    none.set_tensor_names(names_);
-    none.reduce(grads, dp, step);
-    records_ = none.records();
-    return;
-  }
-  begin_records(grads);
-  if (grads.empty()) return;
-  // 1. Non-finite on any rank -> all ranks skip, before anything is modified (BR-01). fp32/fp64:
-  // one read of each gradient (its min and max are NaN if any entry is NaN, ±inf if any is ±inf);
-  // 16-bit (no aminmax kernel on CPU): isfinite. No host sync before the all-reduce.
+namespace {
+
+// 1. Non-finite on any rank -> all ranks skip, before anything is modified (BR-01). fp32/fp64:
+// one read of each gradient (its min and max are NaN if any entry is NaN, ±inf if any is ±inf);
+// 16-bit (no aminmax kernel on CPU): isfinite. No host sync before the all-reduce.
+void check_finite(const std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) {
   std::vector<torch::Tensor> finite;  // per non-empty gradient, a 0-d bool
   for (const auto& g : grads) {
     if (g.numel() == 0) continue;
@@ -165,13 +155,20 @@ void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp
                                          "gradients, error feedback and Q left untouched, skip this step",
                                          dp.name(), step));
   }
-  // 2.–4. Classify, compensate, draw/reuse Q, P := M Q.
-  const Plan p = plan(grads);
-  check_q_shapes(p);  // before any state changes
-  const auto fopt = grads[0].options().dtype(torch::kFloat);
-  auto p_all = torch::empty({p.p_numel}, fopt);  // [Σ rows·r] fp32
-  auto q_all = torch::empty({p.q_numel}, fopt);  // [Σ cols·r] fp32
-  std::vector<torch::Tensor> ms, ps, qs;         // per compressed tensor: [rows, cols], [rows, r], [cols, r]
+}
+
+}  // namespace
+
+struct PowerSgdReducer::Factors {
+  torch::Tensor p_all, q_all;             // [Σ rows·r], [Σ cols·r] fp32
+  std::vector<torch::Tensor> ms, ps, qs;  // per compressed tensor: [rows, cols], [rows, r], [cols, r]
+};
+
+// 2.–4. Compensate (EF), draw/reuse Q, P := M Q into the packed P buffer.
+void PowerSgdReducer::compute_p(const Plan& p, std::vector<torch::Tensor>& grads, Factors& f) {
+  auto& ms = f.ms;
+  auto& ps = f.ps;
+  auto& qs = f.qs;
   int64_t po = 0, qo = 0;
   for (size_t k = 0; k < p.low.size(); ++k) {
     const size_t i = p.low[k];
@@ -187,25 +184,32 @@ void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp
     } else {
       m = g.scalar_type() == torch::kFloat && g.is_contiguous() ? g : g.to(torch::kFloat, false, true).contiguous();
     }
-    ps.push_back(p_all.narrow(0, po, p.rows[k] * p.r[k]).view({p.rows[k], p.r[k]}));
-    qs.push_back(q_all.narrow(0, qo, p.cols[k] * p.r[k]).view({p.cols[k], p.r[k]}));
+    ps.push_back(f.p_all.narrow(0, po, p.rows[k] * p.r[k]).view({p.rows[k], p.r[k]}));
+    qs.push_back(f.q_all.narrow(0, qo, p.cols[k] * p.r[k]).view({p.cols[k], p.r[k]}));
     po += p.rows[k] * p.r[k], qo += p.cols[k] * p.r[k];
     mm_f32_out(ps[k], m, prepare_q(i, p.cols[k], p.r[k]).to(m.device()));
     ms.push_back(std::move(m));
   }
-  // 5. One all-reduce (sum) for every P.
-  if (p.p_numel > 0) dp.all_reduce(p_all, traffic_class());
-  // 6. Raw tensors: one flat fp32 all-reduce, ÷ dp.
-  if (!p.raw.empty()) {
-    std::vector<torch::Tensor> raw;
-    for (size_t i : p.raw) raw.push_back(grads[i]);
-    auto buf = flatten_fp32(raw);  // [Σ numel] fp32
-    dp.all_reduce(buf, traffic_class());
-    buf.div_(dp.size());
-    unflatten_into(buf, raw);
-    for (size_t i : p.raw) records_[i].sent_bytes = grads[i].numel() * 4;
-  }
-  // 7. P̂ := orth(P); Q := Mᵀ P̂; (local EF); one all-reduce for every Q, ÷ dp; out := P̂ Qᵀ.
+}
+
+// 6. Raw tensors: one flat fp32 all-reduce, ÷ dp.
+void PowerSgdReducer::reduce_raw(const Plan& p, std::vector<torch::Tensor>& grads, Communicator& dp) {
+  std::vector<torch::Tensor> raw;
+  for (size_t i : p.raw) raw.push_back(grads[i]);
+  auto buf = flatten_fp32(raw);  // [Σ numel] fp32
+  dp.all_reduce(buf, traffic_class());
+  buf.div_(dp.size());
+  unflatten_into(buf, raw);
+  for (size_t i : p.raw) records_[i].sent_bytes = grads[i].numel() * 4;
+}
+
+// 7. P̂ := orth(P); Q := Mᵀ P̂; (local EF); one all-reduce for every Q, ÷ dp; out := P̂ Qᵀ.
+void PowerSgdReducer::finish_low_rank(const Plan& p, std::vector<torch::Tensor>& grads, Communicator& dp, Factors& f) {
+  const auto fopt = grads[0].options().dtype(torch::kFloat);
+  auto& ms = f.ms;
+  auto& ps = f.ps;
+  auto& qs = f.qs;
+  auto& q_all = f.q_all;
   for (size_t k = 0; k < p.low.size(); ++k) {
     orthogonalize(ps[k]);
     mm_f32_out(qs[k], ms[k].t(), ps[k]);
@@ -230,6 +234,34 @@ void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp
     records_[i].rank = p.r[k];
     records_[i].sent_bytes = (p.rows[k] + p.cols[k]) * p.r[k] * 4;
   }
+}
+
+void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) {
+  torch::NoGradGuard no_grad;
+  bind_tensors(grads);  // the same list as the state's, before anything changes
+  ensure_state(grads.size());
+  if (step < opt_.warmup_steps) {  // 0. warm-up: the baseline, state untouched
+    NoneReducer none;
+    none.set_tensor_names(names_);
+    none.reduce(grads, dp, step);
+    records_ = none.records();
+    return;
+  }
+  begin_records(grads);
+  if (grads.empty()) return;
+  check_finite(grads, dp, step);
+  // 2.–4. Classify, compensate, draw/reuse Q, P := M Q.
+  const Plan p = plan(grads);
+  check_q_shapes(p);  // before any state changes
+  const auto fopt = grads[0].options().dtype(torch::kFloat);
+  Factors f;
+  f.p_all = torch::empty({p.p_numel}, fopt);  // [Σ rows·r] fp32
+  f.q_all = torch::empty({p.q_numel}, fopt);  // [Σ cols·r] fp32
+  compute_p(p, grads, f);
+  // 5. One all-reduce (sum) for every P.
+  if (p.p_numel > 0) dp.all_reduce(f.p_all, traffic_class());
+  if (!p.raw.empty()) reduce_raw(p, grads, dp);
+  finish_low_rank(p, grads, dp, f);
 }
 
 void PowerSgdReducer::save(torch::serialize::OutputArchive& archive) const {

@@ -76,6 +76,10 @@ class PowerSgdReducer : public GradReducer {
   torch::Tensor prepare_q(size_t i, int64_t cols, int64_t r);
   void check_q_shapes(const Plan& p) const;  // warm-start Q of every compressed tensor fits
   void orthogonalize(torch::Tensor& m) const;
+  struct Factors;  // one call's packed P and Q buffers and per-tensor views (powersgd.cpp)
+  void compute_p(const Plan& p, std::vector<torch::Tensor>& grads, Factors& f);               // steps 2-4
+  void reduce_raw(const Plan& p, std::vector<torch::Tensor>& grads, Communicator& dp);       // step 6
+  void finish_low_rank(const Plan& p, std::vector<torch::Tensor>& grads, Communicator& dp, Factors& f);  // step 7
   static int64_t state_bytes(const std::vector<torch::Tensor>& ts) {
     int64_t n = 0;
     for (const auto& t : ts) n += t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;

@@ -22,13 +22,13 @@
 #include <iostream>
 
 #include "datasets/cli_integer.h"
-#include "harness/bench.h"
-#include "harness/comm_check.h"
-#include "harness/config.h"
-#include "harness/distributed.h"
-#include "harness/threads.h"
-#include "harness/traffic_model.h"
-#include "harness/trainer.h"
+#include "harness/tools/bench.h"
+#include "harness/tools/comm_check.h"
+#include "harness/config/config.h"
+#include "harness/parallel/distributed.h"
+#include "harness/parallel/threads.h"
+#include "harness/tools/traffic_report.h"
+#include "harness/train/trainer.h"
 
 extern char** environ;
 
@@ -89,6 +89,185 @@ int data_command(const std::string& action, const Config& cfg, bool retrain) {
   return run_data_tool(args);
 }
 
+// Every command, its options and where CLI11 writes them. Lives in main's frame: the callbacks
+// and the option bindings point into it.
+struct Cli {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  CLI::App* train = nullptr;
+  CLI::Option* resume_opt = nullptr;
+  std::string resume;
+  int nproc = 1;
+  CLI::App* data = nullptr;
+  std::string data_action;
+  bool data_retrain = false;
+  CLI::App* bench_step = nullptr;
+  int64_t bench_steps = 10, bench_warmup = 2, bench_threads = 1;
+  CLI::App* comm_check = nullptr;
+  CommCheckOptions check_opts;
+  CLI::App* show = nullptr;
+  CLI::App* traffic = nullptr;
+  int64_t traffic_world = 0;
+  bool traffic_json = false;
+  TrafficModelOptions traffic_opts;
+
+  void add_config(CLI::App* sub) {
+    sub->add_option("--config,-c", config_path, "experiment YAML (experiments/*.yaml)")->required();
+    sub->add_option("--set", overrides, "override: section.key=value (repeatable)");
+  }
+};
+
+void add_train_command(CLI::App& app, Cli& c) {
+  c.train = app.add_subcommand("train", "train a GPT model as the config describes");
+  c.add_config(c.train);
+  c.resume_opt = c.train->add_option("--resume", c.resume,
+                                     "resume from DIR (no value: the config's checkpoint.dir); 'auto': resume "
+                                     "from checkpoint.dir if it holds a checkpoint, else start at step 0 (the "
+                                     "default inside a Slurm job). Without it, a run whose checkpoint.dir "
+                                     "holds a checkpoint is refused")
+                     ->expected(0, 1);
+}
+
+void add_data_commands(CLI::App& app, Cli& c) {
+  c.data = app.add_subcommand("data", "fetch the corpus, prepare the tokenizer and indexed dataset");
+  c.data->require_subcommand(1);
+  for (const char* name : {"fetch", "prepare", "info"}) {
+    auto* sub = c.data->add_subcommand(name, std::string("optcc-data ") + name + " with the config's data section");
+    c.add_config(sub);
+    sub->callback([&c, name] { c.data_action = name; });
+  }
+  c.data->get_subcommand("prepare")->add_flag("--retrain", c.data_retrain,
+                                              "train the tokenizer anew even if it could be reused");
+}
+
+void add_bench_command(CLI::App& app, Cli& c) {
+  auto* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  c.bench_step = bench->add_subcommand("step", "time the training step; compare with fp32 GEMM speed");
+  c.add_config(c.bench_step);
+  c.bench_step->add_option("--steps", c.bench_steps, "timed steps (median reported)")->transform(decimal_integer());
+  c.bench_step->add_option("--warmup", c.bench_warmup, "untimed steps first")->transform(decimal_integer());
+  c.bench_step->add_option("--threads", c.bench_threads, "intra-op threads (0 = config's)")->transform(decimal_integer());
+}
+
+// comm-check, and --nproc for it and for train.
+void add_comm_check_command(CLI::App& app, Cli& c) {
+  c.comm_check = app.add_subcommand("comm-check", "check a launch: rendezvous, every group, p2p");
+  c.add_config(c.comm_check);
+  c.comm_check->add_option("--nproc", c.nproc, "local ranks to fork (omit under srun/torchrun)")->transform(decimal_integer());
+  c.train->add_option("--nproc", c.nproc, "local ranks to fork (omit under srun/torchrun)")->transform(decimal_integer());
+  c.comm_check->add_option("--die-rank", c.check_opts.die_rank, "test hook: this rank kills itself")
+      ->transform(decimal_integer());
+}
+
+void add_config_command(CLI::App& app, Cli& c) {
+  auto* config_cmd = app.add_subcommand("config", "configuration");
+  config_cmd->require_subcommand(1);
+  c.show = config_cmd->add_subcommand("show", "print the effective config after presets and --set");
+  c.add_config(c.show);
+}
+
+void add_traffic_command(CLI::App& app, Cli& c) {
+  c.traffic = app.add_subcommand(
+      "traffic", "print the bytes per iteration by traffic class and link (analytic; runs nothing)");
+  c.add_config(c.traffic);
+  c.traffic->add_option("--world", c.traffic_world, "GPUs: sets parallel.dp = N / (tp * pp) (default: tp*pp*dp)")
+      ->transform(decimal_integer());
+  c.traffic->add_flag("--json", c.traffic_json, "machine-readable output (bytes)");
+  c.traffic->add_flag("--recompute", c.traffic_opts.recompute,
+                      "k_TP = 6: full activation recomputation, as the paper's runs (optcc does not recompute)");
+  c.traffic->add_option("--element-bytes", c.traffic_opts.element_bytes,
+                        "β: bytes per activation/gradient element (4 fp32, 2 for 16-bit)")
+      ->transform(decimal_integer());
+  c.traffic->add_flag("--reference-powersgd", c.traffic_opts.reference_powersgd,
+                      "DP PowerSGD compresses every >=2-D gradient, as the reference (min_compression_rate 0)");
+}
+
+// optcc traffic: analytic, no process group, no data.
+int traffic_command(const Cli& c, Config cfg) {
+  if (c.traffic_world > 0) {
+    const int64_t tp_pp = cfg.parallel.tp * cfg.parallel.pp;
+    if (c.traffic_world % tp_pp != 0) {
+      throw ConfigError(fmt::format("--world {} is not a multiple of parallel.tp * parallel.pp = {}. Fix: pick a "
+                                    "multiple, or change tp/pp with --set.", c.traffic_world, tp_pp));
+    }
+    cfg.parallel.dp = c.traffic_world / tp_pp;
+  }
+  if (cfg.model.vocab_size == 0) {
+    try {
+      resolve_vocab(cfg);
+    } catch (const ConfigError& e) {
+      throw ConfigError(fmt::format("{}\nThe traffic model needs the vocabulary: pass --set model.vocab_size=N "
+                                    "(e.g. 50257 for GPT-2), or prepare the dataset first.", e.what()));
+    }
+  }
+  cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
+  const TrafficEstimate estimate = estimate_traffic(cfg, c.traffic_opts);
+  const PaperTrafficRows rows = paper_traffic_rows(cfg, c.traffic_opts);
+  std::cout << (c.traffic_json ? traffic_report_json(cfg, estimate, rows, c.traffic_opts)
+                               : traffic_report(cfg, estimate, rows, c.traffic_opts));
+  return 0;
+}
+
+int train_command(const Cli& c, const Config& cfg, int argc, char** argv) {
+  TrainOptions opts;
+  opts.command_line = command_line(argc, argv);
+  if (c.resume_opt->count() > 0 && c.resume != "auto") opts.resume = c.resume.empty() ? cfg.checkpoint_dir() : c.resume;
+  // A Slurm requeue reruns the same command: inside a job, continue from the checkpoint by default.
+  opts.resume_auto = c.resume == "auto" || (c.resume_opt->count() == 0 && std::getenv("SLURM_JOB_ID") != nullptr);
+  TrainSummary s = run_training(cfg, opts);
+  if (!s.results_path.empty()) spdlog::info("done: steps {}..{}, results in {}", s.first_step, s.last_step, s.results_path);
+  return 0;
+}
+
+int bench_command(const Cli& c, const Config& cfg) {
+  auto r = bench_step(cfg, c.bench_steps, c.bench_warmup, c.bench_threads);
+  std::cout << fmt::format(
+      "bench step: preset={} L={} h={} s={} B={} threads={}\n"
+      "  step {:.1f} ms | {:.0f} tokens/s | model {:.1f} GFLOP/s | fp32 GEMM {:.1f} GFLOP/s | "
+      "ratio {:.2f}\n",
+      cfg.model.preset, cfg.model.num_layers, cfg.model.hidden_size, cfg.model.seq_len,
+      cfg.train.global_batch_size, r.threads, r.step_seconds * 1e3, r.tokens_per_second,
+      r.model_gflops, r.gemm_gflops, r.ratio);
+  return 0;
+}
+
+// optcc config show: also a check; prints the config, then validates it as a run would.
+int config_show_command(Config cfg) {
+  std::cout << to_yaml(cfg);
+  try {
+    resolve_vocab(cfg);
+  } catch (const ConfigError& e) {
+    std::cerr << "note: " << e.what() << "\n";
+    cfg.model.vocab_size = cfg.data.vocab_size;
+  }
+  cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
+  std::cerr << fmt::format("config OK for {} ranks (tp={} pp={} dp={}); run name '{}', results {}/{}.h5, "
+                           "checkpoints {}\n",
+                           cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp, cfg.parallel.tp,
+                           cfg.parallel.pp, cfg.parallel.dp, cfg.run_name(), cfg.log.dir, cfg.run_name(),
+                           cfg.checkpoint_dir());
+  return 0;
+}
+
+// The parsed command on the loaded config. With --nproc > 1 outside a launched rank, this process
+// is the local launcher: it forks the ranks, which run the same command line.
+int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
+  if (c.traffic->parsed()) return traffic_command(c, cfg);
+  const bool is_launcher = c.nproc > 1 && std::getenv("OPTCC_RANK") == nullptr;
+  if (is_launcher) {
+    cfg.validate_layout(c.nproc);
+    return launch_local(c.nproc, std::vector<std::string>(argv, argv + argc),
+                        std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000)));
+  }
+  if (c.comm_check->parsed()) return run_comm_check(cfg, c.check_opts);
+  if (c.train->parsed()) return train_command(c, cfg, argc, argv);
+  if (c.data->parsed()) return data_command(c.data_action, cfg, c.data_retrain);
+  if (c.bench_step->parsed()) return bench_command(c, cfg);
+  if (c.show->parsed()) return config_show_command(cfg);
+  return 0;
+}
+
 }  // namespace
 }  // namespace optcc
 
@@ -97,146 +276,19 @@ int main(int argc, char** argv) {
   ensure_passive_openmp(argv);
   CLI::App app{"optcc: communication-compressed 3D-parallel GPT training (Optimus-CC and beyond)"};
   app.require_subcommand(1);
-  std::string config_path;
-  std::vector<std::string> overrides;
-  auto add_config = [&](CLI::App* sub) {
-    sub->add_option("--config,-c", config_path, "experiment YAML (experiments/*.yaml)")->required();
-    sub->add_option("--set", overrides, "override: section.key=value (repeatable)");
-  };
-
-  auto* train = app.add_subcommand("train", "train a GPT model as the config describes");
-  add_config(train);
-  std::string resume;
-  auto* resume_opt = train->add_option("--resume", resume,
-                                       "resume from DIR (no value: the config's checkpoint.dir); 'auto': resume "
-                                       "from checkpoint.dir if it holds a checkpoint, else start at step 0 (the "
-                                       "default inside a Slurm job). Without it, a run whose checkpoint.dir "
-                                       "holds a checkpoint is refused")
-                         ->expected(0, 1);
-
-  auto* data = app.add_subcommand("data", "fetch the corpus, prepare the tokenizer and indexed dataset");
-  data->require_subcommand(1);
-  std::string data_action;
-  for (const char* name : {"fetch", "prepare", "info"}) {
-    auto* sub = data->add_subcommand(name, std::string("optcc-data ") + name + " with the config's data section");
-    add_config(sub);
-    sub->callback([&data_action, name] { data_action = name; });
-  }
-  bool data_retrain = false;
-  data->get_subcommand("prepare")->add_flag("--retrain", data_retrain,
-                                            "train the tokenizer anew even if it could be reused");
-
-  auto* bench = app.add_subcommand("bench", "benchmarks");
-  bench->require_subcommand(1);
-  auto* bench_step_cmd = bench->add_subcommand("step", "time the training step; compare with fp32 GEMM speed");
-  add_config(bench_step_cmd);
-  int64_t bench_steps = 10, bench_warmup = 2, bench_threads = 1;
-  bench_step_cmd->add_option("--steps", bench_steps, "timed steps (median reported)")->transform(decimal_integer());
-  bench_step_cmd->add_option("--warmup", bench_warmup, "untimed steps first")->transform(decimal_integer());
-  bench_step_cmd->add_option("--threads", bench_threads, "intra-op threads (0 = config's)")->transform(decimal_integer());
-
-  auto* comm_check = app.add_subcommand("comm-check", "check a launch: rendezvous, every group, p2p");
-  add_config(comm_check);
-  int nproc = 1;
-  comm_check->add_option("--nproc", nproc, "local ranks to fork (omit under srun/torchrun)")->transform(decimal_integer());
-  train->add_option("--nproc", nproc, "local ranks to fork (omit under srun/torchrun)")->transform(decimal_integer());
-  CommCheckOptions check_opts;
-  comm_check->add_option("--die-rank", check_opts.die_rank, "test hook: this rank kills itself")->transform(decimal_integer());
-
-  auto* config_cmd = app.add_subcommand("config", "configuration");
-  config_cmd->require_subcommand(1);
-  auto* show = config_cmd->add_subcommand("show", "print the effective config after presets and --set");
-  add_config(show);
-
-  auto* traffic = app.add_subcommand(
-      "traffic", "print the bytes per iteration by traffic class and link (analytic; runs nothing)");
-  add_config(traffic);
-  int64_t traffic_world = 0;
-  bool traffic_json = false;
-  TrafficModelOptions traffic_opts;
-  traffic->add_option("--world", traffic_world, "GPUs: sets parallel.dp = N / (tp * pp) (default: tp*pp*dp)")
-      ->transform(decimal_integer());
-  traffic->add_flag("--json", traffic_json, "machine-readable output (bytes)");
-  traffic->add_flag("--recompute", traffic_opts.recompute,
-                    "k_TP = 6: full activation recomputation, as the paper's runs (optcc does not recompute)");
-  traffic->add_option("--element-bytes", traffic_opts.element_bytes, "β: bytes per activation/gradient element (4 fp32, 2 for 16-bit)")
-      ->transform(decimal_integer());
-  traffic->add_flag("--reference-powersgd", traffic_opts.reference_powersgd,
-                    "DP PowerSGD compresses every >=2-D gradient, as the reference (min_compression_rate 0)");
+  Cli cli;
+  add_train_command(app, cli);
+  add_data_commands(app, cli);
+  add_bench_command(app, cli);
+  add_comm_check_command(app, cli);
+  add_config_command(app, cli);
+  add_traffic_command(app, cli);
 
   CLI11_PARSE(app, argc, argv);
 
   try {
-    Config cfg = load_config(config_path, overrides);
-    if (traffic->parsed()) {  // analytic: no process group, no data
-      if (traffic_world > 0) {
-        const int64_t tp_pp = cfg.parallel.tp * cfg.parallel.pp;
-        if (traffic_world % tp_pp != 0) {
-          throw ConfigError(fmt::format("--world {} is not a multiple of parallel.tp * parallel.pp = {}. Fix: pick a "
-                                        "multiple, or change tp/pp with --set.", traffic_world, tp_pp));
-        }
-        cfg.parallel.dp = traffic_world / tp_pp;
-      }
-      if (cfg.model.vocab_size == 0) {
-        try {
-          resolve_vocab(cfg);
-        } catch (const ConfigError& e) {
-          throw ConfigError(fmt::format("{}\nThe traffic model needs the vocabulary: pass --set model.vocab_size=N "
-                                        "(e.g. 50257 for GPT-2), or prepare the dataset first.", e.what()));
-        }
-      }
-      cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
-      const TrafficEstimate estimate = estimate_traffic(cfg, traffic_opts);
-      const PaperTrafficRows rows = paper_traffic_rows(cfg, traffic_opts);
-      std::cout << (traffic_json ? traffic_report_json(cfg, estimate, rows, traffic_opts)
-                                 : traffic_report(cfg, estimate, rows, traffic_opts));
-      return 0;
-    }
-    const bool is_launcher = nproc > 1 && std::getenv("OPTCC_RANK") == nullptr;
-    if (is_launcher) {
-      cfg.validate_layout(nproc);
-      return launch_local(nproc, std::vector<std::string>(argv, argv + argc),
-                          std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000)));
-    }
-    if (comm_check->parsed()) return run_comm_check(cfg, check_opts);
-    if (train->parsed()) {
-      TrainOptions opts;
-      opts.command_line = command_line(argc, argv);
-      if (resume_opt->count() > 0 && resume != "auto") opts.resume = resume.empty() ? cfg.checkpoint_dir() : resume;
-      // A Slurm requeue reruns the same command: inside a job, continue from the checkpoint by default.
-      opts.resume_auto = resume == "auto" || (resume_opt->count() == 0 && std::getenv("SLURM_JOB_ID") != nullptr);
-      TrainSummary s = run_training(cfg, opts);
-      if (!s.results_path.empty()) spdlog::info("done: steps {}..{}, results in {}", s.first_step, s.last_step, s.results_path);
-      return 0;
-    }
-    if (data->parsed()) return data_command(data_action, cfg, data_retrain);
-    if (bench_step_cmd->parsed()) {
-      auto r = bench_step(cfg, bench_steps, bench_warmup, bench_threads);
-      std::cout << fmt::format(
-          "bench step: preset={} L={} h={} s={} B={} threads={}\n"
-          "  step {:.1f} ms | {:.0f} tokens/s | model {:.1f} GFLOP/s | fp32 GEMM {:.1f} GFLOP/s | "
-          "ratio {:.2f}\n",
-          cfg.model.preset, cfg.model.num_layers, cfg.model.hidden_size, cfg.model.seq_len,
-          cfg.train.global_batch_size, r.threads, r.step_seconds * 1e3, r.tokens_per_second,
-          r.model_gflops, r.gemm_gflops, r.ratio);
-      return 0;
-    }
-    if (show->parsed()) {  // also a check: prints the config, then validates it as a run would
-      std::cout << to_yaml(cfg);
-      try {
-        resolve_vocab(cfg);
-      } catch (const ConfigError& e) {
-        std::cerr << "note: " << e.what() << "\n";
-        cfg.model.vocab_size = cfg.data.vocab_size;
-      }
-      cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
-      std::cerr << fmt::format("config OK for {} ranks (tp={} pp={} dp={}); run name '{}', results {}/{}.h5, "
-                               "checkpoints {}\n",
-                               cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp, cfg.parallel.tp,
-                               cfg.parallel.pp, cfg.parallel.dp, cfg.run_name(), cfg.log.dir, cfg.run_name(),
-                               cfg.checkpoint_dir());
-      return 0;
-    }
+    Config cfg = load_config(cli.config_path, cli.overrides);
+    return dispatch(cli, cfg, argc, argv);
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
     return 2;
@@ -244,5 +296,4 @@ int main(int argc, char** argv) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;
   }
-  return 0;
 }

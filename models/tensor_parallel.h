@@ -26,7 +26,7 @@
 
 #include <cstdint>
 
-#include "harness/communicator.h"
+#include "harness/parallel/communicator.h"
 
 namespace optcc {
 

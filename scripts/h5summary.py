@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Summarise an optcc results file (harness/metrics.h), also while its run is still writing it.
+"""Summarise an optcc results file (harness/records/metrics.h), also while its run is still writing it.
 
   h5summary.py RUN.h5                      root attributes, then every series group: rows, unit, last values
   h5summary.py RUN.h5 --series train/loss  one series, a row per line (with its group's step when it has one)

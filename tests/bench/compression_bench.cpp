@@ -119,7 +119,7 @@
 #include "compression/grad_reducer.h"
 #include "compression/orthogonalize.h"
 #include "compression/registry.h"
-#include "harness/communicator.h"
+#include "harness/parallel/communicator.h"
 #include "models/presets.h"
 
 namespace {
@@ -440,7 +440,7 @@ void register_all() {
 }
 
 /// One thread for LibTorch/OpenMP (and so oneDNN) and for OpenBLAS's own pool, which
-/// at::set_num_threads does not reach (harness/threads.h does the same for training).
+/// at::set_num_threads does not reach (harness/parallel/threads.h does the same for training).
 void single_thread() {
   at::set_num_threads(1);
   using SetThreads = void (*)(int);

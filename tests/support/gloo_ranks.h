@@ -11,7 +11,7 @@
 #include <thread>
 #include <vector>
 
-#include "harness/communicator.h"
+#include "harness/parallel/communicator.h"
 
 namespace optcc::testing {
 
@@ -63,7 +63,7 @@ void run_ranks(int world, F fn, std::chrono::milliseconds timeout = std::chrono:
 
 }  // namespace optcc::testing
 
-#include "harness/distributed.h"
+#include "harness/parallel/distributed.h"
 
 namespace optcc::testing {
 

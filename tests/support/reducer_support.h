@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "compression/grad_reducer.h"
-#include "harness/communicator.h"
+#include "harness/parallel/communicator.h"
 
 namespace optcc::testing {
 

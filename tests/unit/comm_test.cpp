@@ -5,7 +5,7 @@
 
 #include <fmt/format.h>
 
-#include "harness/communicator.h"
+#include "harness/parallel/communicator.h"
 #include "tests/support/gloo_ranks.h"
 
 namespace optcc {

@@ -15,7 +15,10 @@
 #include "compression/grad_reducer.h"
 #include "compression/orthogonalize.h"
 #include "compression/powersgd.h"
-#include "compression/sparse_reducers.h"
+#include "compression/qsgd_reducer.h"
+#include "compression/randomk_reducer.h"
+#include "compression/signsgd_reducer.h"
+#include "compression/topk_reducer.h"
 #include "tests/support/gloo_ranks.h"
 #include "tests/support/reducer_support.h"
 

@@ -1,4 +1,4 @@
-// GradientSync (harness/grad_sync.h): the embedding synchronisation (baseline pair, FE) and
+// GradientSync (harness/train/grad_sync.h): the embedding synchronisation (baseline pair, FE) and
 // selective stage compression on real GptModel stages over Gloo (ranks as threads).
 //   - BR-09: embedding gradients overwritten with g(pp0,dp0)=1, g(pp0,dp1)=2, g(pp1,dp0)=3,
 //     g(pp1,dp1)=4 end as (1+2)/2 + (3+4)/2 = 5.0 on every rank (0 ULP), baseline and FE alike;
@@ -6,7 +6,7 @@
 //   - SC: the stages that compress follow spec §6.5's table.
 #include <gtest/gtest.h>
 
-#include "harness/grad_sync.h"
+#include "harness/train/grad_sync.h"
 #include "tests/support/gloo_ranks.h"
 
 namespace optcc {

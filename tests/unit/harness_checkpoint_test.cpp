@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "harness/checkpoint.h"
+#include "harness/records/checkpoint.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {

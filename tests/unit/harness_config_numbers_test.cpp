@@ -11,8 +11,11 @@
 #include "compression/act_codec.h"
 #include "compression/options.h"
 #include "compression/powersgd.h"
-#include "compression/sparse_reducers.h"
-#include "harness/config.h"
+#include "compression/qsgd_reducer.h"
+#include "compression/randomk_reducer.h"
+#include "compression/signsgd_reducer.h"
+#include "compression/topk_reducer.h"
+#include "harness/config/config.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {

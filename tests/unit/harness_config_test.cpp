@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
-#include "harness/config.h"
-#include "harness/trainer.h"
+#include "harness/config/config.h"
+#include "harness/train/trainer.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {

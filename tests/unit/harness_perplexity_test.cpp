@@ -7,7 +7,7 @@
 #include <cmath>
 #include <limits>
 
-#include "harness/run_records.h"
+#include "harness/train/run_records.h"
 
 namespace optcc {
 namespace {

@@ -5,8 +5,8 @@
 #include <map>
 #include <set>
 
-#include "harness/launch_env.h"
-#include "harness/layout.h"
+#include "harness/parallel/launch_env.h"
+#include "harness/parallel/layout.h"
 
 namespace optcc {
 namespace {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "harness/metrics.h"
+#include "harness/records/metrics.h"
 
 namespace optcc {
 namespace {

@@ -11,7 +11,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "harness/metrics.h"
+#include "harness/records/metrics.h"
 
 namespace optcc {
 namespace {

@@ -1,4 +1,4 @@
-// PipelineCodec (harness/pipeline_codec.h): CB on activation gradients with LEP and epilogue-only,
+// PipelineCodec (harness/train/pipeline_codec.h): CB on activation gradients with LEP and epilogue-only,
 // forward codecs, through StageLink over Gloo (ranks as threads).
 //   - epilogue decisions: sender and receiver agree for every (stages, micro-batches) up to 8 x 16,
 //     including m < p, and stage k compresses exactly min(m, p - k) sends (spec §4);
@@ -16,9 +16,9 @@
 #include <sstream>
 
 #include "compression/codecs.h"
-#include "harness/layout.h"
-#include "harness/pipeline_codec.h"
-#include "harness/pipeline_runner.h"
+#include "harness/parallel/layout.h"
+#include "harness/train/pipeline_codec.h"
+#include "harness/parallel/pipeline_runner.h"
 #include "tests/support/gloo_ranks.h"
 
 namespace optcc {

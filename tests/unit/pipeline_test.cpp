@@ -14,8 +14,8 @@
 #include <thread>
 #include <tuple>
 
-#include "harness/layout.h"
-#include "harness/pipeline_runner.h"
+#include "harness/parallel/layout.h"
+#include "harness/parallel/pipeline_runner.h"
 #include "tests/support/gloo_ranks.h"
 
 namespace optcc {

@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "harness/schedule.h"
+#include "harness/parallel/schedule.h"
 
 namespace optcc {
 namespace {

@@ -8,7 +8,10 @@
 #include <sstream>
 
 #include "compression/grad_reducer.h"
-#include "compression/sparse_reducers.h"
+#include "compression/qsgd_reducer.h"
+#include "compression/randomk_reducer.h"
+#include "compression/signsgd_reducer.h"
+#include "compression/topk_reducer.h"
 #include "tests/support/gloo_ranks.h"
 #include "tests/support/reducer_support.h"
 

@@ -1,4 +1,4 @@
-// Analytic traffic model (harness/traffic_model.h):
+// Analytic traffic model (harness/tools/traffic_estimate.h, traffic_report.h):
 //   - stage_parameter_shapes() lists exactly what GptModel registers (1 rank and TP = 2);
 //   - the spec §9 worked numbers for the paper configs (335M, 2.5B, 8.3B at t=8, p=4, d=4, m=16);
 //   - estimate_traffic() equals the bytes the Communicators meter in a real TP2 x PP2 x DP2 step,
@@ -14,10 +14,10 @@
 #include <regex>
 #include <tuple>
 
-#include "harness/distributed.h"
-#include "harness/pipeline_codec.h"
-#include "harness/traffic_model.h"
-#include "harness/trainer.h"
+#include "harness/parallel/distributed.h"
+#include "harness/train/pipeline_codec.h"
+#include "harness/tools/traffic_report.h"
+#include "harness/train/trainer.h"
 #include "models/gpt.h"
 #include "tests/support/gloo_ranks.h"
 #include "tests/support/synthetic_corpus.h"

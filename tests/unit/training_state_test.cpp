@@ -12,8 +12,8 @@
 #include <functional>
 #include <optional>
 
-#include "harness/distributed.h"
-#include "harness/trainer.h"
+#include "harness/parallel/distributed.h"
+#include "harness/train/trainer.h"
 #include "tests/support/gloo_ranks.h"
 #include "tests/support/synthetic_corpus.h"
 

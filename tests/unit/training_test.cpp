@@ -10,10 +10,10 @@
 #include <fstream>
 #include <iterator>
 
-#include "harness/checkpoint.h"
-#include "harness/config.h"
-#include "harness/optimizer.h"
-#include "harness/trainer.h"
+#include "harness/records/checkpoint.h"
+#include "harness/config/config.h"
+#include "harness/train/optimizer.h"
+#include "harness/train/trainer.h"
 #include "models/gpt.h"
 #include "tests/support/synthetic_corpus.h"
 

@@ -1,0 +1,79 @@
+// Internal to compression/'s element-wise reducers (elementwise_reducer.h and the four
+// *_reducer.cpp files): strict option reading, k of topk/randomk, counter-based generators and
+// byte views. Not part of any public contract.
+#pragma once
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+
+#include "compression/options.h"
+
+namespace optcc::elementwise {
+
+// ---- options ----------------------------------------------------------------------------------
+
+template <class T>
+T option(const YAML::Node& o, const char* who, const char* key, T fallback, const char*) {
+  return option_value<T>(o, who, key, fallback);  // strict: compression/options.h
+}
+
+template <class T>
+void require(bool ok, const char* who, const char* key, T value, const char* rule) {
+  if (!ok) throw std::invalid_argument(fmt::format("{}: option '{}' must be {}, got {}", who, key, rule, value));
+}
+
+inline bool has(const YAML::Node& o, const char* key) { return o && o.IsMap() && o[key]; }
+
+// fraction/count of topk and randomk: exclusive in YAML; count > 0 wins in the struct.
+template <class Options>
+void read_k(const YAML::Node& o, const char* who, Options& p) {
+  if (has(o, "fraction") && has(o, "count")) {
+    throw std::invalid_argument(fmt::format("{}: options 'fraction' and 'count' exclude each other; give one", who));
+  }
+  p.fraction = option<double>(o, who, "fraction", p.fraction, "a number");
+  p.count = option<int64_t>(o, who, "count", p.count, "an integer");
+}
+
+template <class Options>
+void validate_k(const Options& p, const char* who) {
+  require(p.fraction > 0 && p.fraction <= 1, who, "fraction", p.fraction, "in (0, 1]");
+  require(p.count >= 0, who, "count", p.count, ">= 0 (0: use fraction)");
+  require(p.min_numel >= 0, who, "min_numel", p.min_numel, ">= 0");
+}
+
+inline int64_t k_of(double fraction, int64_t count, int64_t numel) {
+  if (count > 0) return std::min(count, numel);
+  return std::clamp<int64_t>(std::llround(fraction * static_cast<double>(numel)), 1, std::max<int64_t>(numel, 1));
+}
+
+// ---- randomness: counter-based seeds, identical wherever the same triple is used ---------------
+
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// A fresh CPU generator for (a, b, c). mt19937 keeps 32 bits of the seed, so two triples share a
+// stream with probability 2^-32: harmless for sampling.
+inline at::Generator generator_for(uint64_t a, int64_t b, uint64_t c) {
+  const uint64_t s = splitmix64(splitmix64(splitmix64(a) ^ static_cast<uint64_t>(b)) ^ c);
+  return at::make_generator<at::CPUGeneratorImpl>(s);
+}
+
+// ---- bytes --------------------------------------------------------------------------------------
+
+// Bytes [at, at+4·count) of a gathered uint8 buffer as fp32 [count] (cloned: offsets need not be aligned).
+inline torch::Tensor floats_at(const torch::Tensor& bytes, int64_t at, int64_t count) {
+  return bytes.narrow(0, at, 4 * count).clone().view(torch::kFloat);
+}
+
+}  // namespace optcc::elementwise

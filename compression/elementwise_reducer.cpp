@@ -1,0 +1,99 @@
+#include "compression/elementwise_reducer.h"
+
+#include <fmt/format.h>
+
+#include <limits>
+#include <unordered_set>
+
+#include "compression/elementwise_detail.h"
+
+namespace optcc {
+using namespace elementwise;  // elementwise_detail.h
+
+// ---- the shared sequence ------------------------------------------------------------------------
+
+ElementwiseReducer::ElementwiseReducer(std::string kind, bool error_feedback, int64_t min_numel)
+    : kind_(std::move(kind)), error_feedback_(error_feedback), min_numel_(min_numel) {}
+
+void ElementwiseReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) {
+  torch::NoGradGuard no_grad;
+  bind_tensors(grads);  // the same list as the state's, before anything changes
+  begin_records(grads);
+  if (grads.empty()) return;
+  // 1. Non-finite on any rank -> all ranks skip, before anything is modified.
+  auto bad = torch::zeros({1}, grads[0].options().dtype(torch::kFloat));
+  for (const auto& g : grads) bad = torch::maximum(bad, torch::logical_not(torch::isfinite(g)).any().to(torch::kFloat).reshape({1}));
+  dp.all_reduce(bad, Traffic::kControl, /*max=*/true);
+  if (bad.item<float>() > 0) {
+    throw NonFiniteGradients(fmt::format("{}: non-finite gradient on some rank of {} (step {}); gradients and "
+                                         "error feedback left untouched, skip this step",
+                                         kind_, dp.name(), step));
+  }
+  // 2.-3. Classify; compensate the compressed ones in fp32.
+  if (ef_.size() < grads.size()) ef_.resize(grads.size());
+  std::vector<size_t> raw;
+  std::vector<Item> items;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const int64_t n = grads[i].numel();
+    if (n == 0 || n < min_numel_ || compressed_bytes(n) >= 4 * n) {
+      raw.push_back(i);
+      continue;
+    }
+    Item it;
+    it.index = i;
+    it.c = grads[i].reshape({-1}).to(torch::kFloat, false, /*copy=*/true);  // [N] fp32
+    if (error_feedback_ && ef_[i].defined()) {
+      if (ef_[i].numel() != n) {
+        throw std::invalid_argument(fmt::format("{}: {} has {} elements but its error feedback has {} (did the "
+                                                "gradient list change since the state was saved?)",
+                                                kind_, records_[i].name, n, ef_[i].numel()));
+      }
+      it.c.add_(ef_[i].to(it.c.device()));
+    }
+    items.push_back(std::move(it));
+  }
+  // 4. Compressed tensors: one collective for all of them.
+  if (!items.empty()) exchange(items, dp, step);
+  // 5. Raw tensors: one flat fp32 all-reduce, ÷ dp.
+  if (!raw.empty()) {
+    std::vector<torch::Tensor> parts;
+    for (size_t i : raw) parts.push_back(grads[i]);
+    auto buf = flatten_fp32(parts);  // [Σ N] fp32
+    dp.all_reduce(buf, traffic_class());
+    buf.div_(dp.size());
+    unflatten_into(buf, parts);
+    for (size_t i : raw) records_[i].sent_bytes = grads[i].numel() * 4;
+  }
+  // 6. Write the means back; local residual.
+  for (auto& it : items) {
+    auto& g = grads[it.index];
+    g.copy_(it.out.view(g.sizes()));
+    if (error_feedback_) ef_[it.index] = it.c - it.own;
+    records_[it.index].compressed = true;
+    records_[it.index].sent_bytes = compressed_bytes(g.numel());
+  }
+}
+
+void ElementwiseReducer::save(torch::serialize::OutputArchive& archive) const {
+  archive.write(kind_ + ".state", torch::tensor({static_cast<int64_t>(ef_.size())}));
+  save_tensors(archive, kind_ + ".tensors");
+  for (size_t i = 0; i < ef_.size(); ++i) {
+    if (ef_[i].defined()) archive.write(kind_ + ".ef." + std::to_string(i), ef_[i].cpu());
+  }
+}
+
+void ElementwiseReducer::load(torch::serialize::InputArchive& archive) {
+  torch::Tensor meta;
+  if (!archive.try_read(kind_ + ".state", meta)) {
+    throw std::invalid_argument(fmt::format("{}: the checkpoint has no '{}.state' entry (written by another reducer?)",
+                                            kind_, kind_));
+  }
+  load_tensors(archive, kind_ + ".tensors", /*has_state=*/meta[0].item<int64_t>() > 0);  // before any change
+  ef_.assign(static_cast<size_t>(meta[0].item<int64_t>()), torch::Tensor());
+  for (size_t i = 0; i < ef_.size(); ++i) {
+    torch::Tensor t;
+    if (archive.try_read(kind_ + ".ef." + std::to_string(i), t)) ef_[i] = t.clone();
+  }
+}
+
+}  // namespace optcc

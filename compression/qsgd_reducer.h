@@ -1,0 +1,43 @@
+// `qsgd`: stochastic quantisation per bucket (elementwise_reducer.h: the shared contract).
+#pragma once
+
+#include "compression/elementwise_reducer.h"
+
+namespace optcc {
+
+/// `qsgd` (Alistarh et al. 2017): c is cut into buckets of bucket_size elements (the last may be
+/// shorter); bucket b with L2 norm ‖c_b‖ sends each element as sign·ℓ, ℓ ∈ {0..s}, drawn so that
+/// E[ℓ] = |c_j|·s/‖c_b‖ (ℓ = ⌊r⌋ + [u < r − ⌊r⌋], u ~ U[0,1)); decoded ‖c_b‖·sign·ℓ/s (unbiased).
+/// A zero bucket sends zeros. u is drawn per rank: tensor i at step t on DP rank r uses a CPU
+/// generator seeded with mix(seed + r, t, i) (different ranks, different streams; resumable with
+/// no generator state). On CUDA the uniforms are drawn on the CPU and copied.
+///   Message per tensor: N codes int8 + ⌈N/bucket_size⌉ norms fp32 = N + 4⌈N/bucket_size⌉ bytes
+///   (raw when that is ≥ 4N). All tensors' norms and codes in ONE uint8 buffer, one all-gather
+///   (wire (n−1)·Σ bytes). out = Σ_r decode_r ÷ n.
+/// Its error is variance, not bounded by ‖c‖: a bucket of k entries of equal magnitude with √k > s
+/// has E‖decode − c_b‖² = (√k/s − 1)·‖c_b‖² (the worst case for entries below one level), so the
+/// expected error stays below the input's norm only while levels ≥ √bucket_size / 2 (defaults:
+/// 0.41·‖c_b‖²). With fewer levels (e.g. 4 at bucket_size 512: 4.7·‖c_b‖²) a constant gradient is
+/// reconstructed worse than sending nothing would be. Allowed (an unbiased compressor), but error
+/// feedback assumes ‖C(x) − x‖ < ‖x‖: with such settings keep error_feedback off.
+struct QsgdOptions {
+  int64_t levels = 16;        // s, in [1, 127] (codes are int8)
+  int64_t bucket_size = 512;  // elements per norm, ≥ 1: smaller = less variance, more bytes
+  bool error_feedback = false;  // QSGD is unbiased; EF optional
+  int64_t min_numel = 0;
+  int64_t seed = 0;  // rank r draws from seed + r
+  static QsgdOptions from_yaml(const YAML::Node& options);
+};
+
+class QsgdReducer : public ElementwiseReducer {
+ public:
+  explicit QsgdReducer(QsgdOptions options);
+  std::string name() const override;
+  int64_t compressed_bytes(int64_t numel) const override;
+
+ private:
+  void exchange(std::vector<Item>& items, Communicator& dp, int64_t step) override;
+  QsgdOptions opt_;
+};
+
+}  // namespace optcc

@@ -1,0 +1,347 @@
+// Cross-field validation and derived quantities of the config.
+#include "harness/config/config.h"
+
+#include "compression/act_codec.h"
+#include "compression/grad_reducer.h"
+#include "compression/options.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include <filesystem>
+#include <numeric>
+
+namespace optcc {
+namespace {
+
+[[noreturn]] void fail(const std::string& key, const std::string& value, const std::string& rule,
+                       const std::string& fix) {
+  throw ConfigError(
+      fmt::format("config error: {} = {}: {}. Fix: {}.", key, value, rule, fix));
+}
+
+std::string divisors_of(int64_t n) {
+  std::string out;
+  for (int64_t d = 1; d <= n; ++d) {
+    if (n % d == 0) out += (out.empty() ? "" : ", ") + std::to_string(d);
+  }
+  return out;
+}
+
+void check_positive(const std::string& key, int64_t v) {
+  if (v <= 0) fail(key, std::to_string(v), "must be positive", "set it to 1 or more");
+}
+
+void check_probability(const std::string& key, double v) {
+  if (!(v >= 0.0 && v < 1.0)) fail(key, fmt::format("{}", v), "must be in [0, 1)", "use e.g. 0.1");
+}
+
+void validate_model(const Config& c) {
+  const auto& m = c.model;
+  check_positive("model.num_layers", m.num_layers);
+  check_positive("model.hidden_size", m.hidden_size);
+  check_positive("model.num_heads", m.num_heads);
+  check_positive("model.seq_len", m.seq_len);
+  check_positive("model.vocab_divisor", m.vocab_divisor);
+  if (m.hidden_size % m.num_heads != 0) {
+    fail("model.hidden_size", std::to_string(m.hidden_size),
+         fmt::format("must be divisible by model.num_heads = {} (head size = h / heads)", m.num_heads),
+         fmt::format("choose num_heads among the divisors of {}: {}", m.hidden_size,
+                     divisors_of(m.hidden_size)));
+  }
+  if (m.num_heads % c.parallel.tp != 0) {  // BR-16
+    fail("model.num_heads", std::to_string(m.num_heads),
+         fmt::format("must be divisible by parallel.tp = {} (each tensor-parallel rank holds "
+                     "heads / tp whole heads)", c.parallel.tp),
+         fmt::format("use a parallel.tp among {}", divisors_of(m.num_heads)));
+  }
+  if (m.max_position_embeddings != 0 && m.max_position_embeddings < m.seq_len) {
+    fail("model.max_position_embeddings", std::to_string(m.max_position_embeddings),
+         fmt::format("must be >= model.seq_len = {}", m.seq_len),
+         "set it to at least seq_len, or 0 to use seq_len");
+  }
+  if (m.vocab_size < 0) fail("model.vocab_size", std::to_string(m.vocab_size), "must be >= 0",
+                             "use 0 to read it from the dataset");
+  check_probability("model.hidden_dropout", m.hidden_dropout);
+  check_probability("model.attention_dropout", m.attention_dropout);
+  if (!(m.init_std > 0)) fail("model.init_std", fmt::format("{}", m.init_std), "must be > 0",
+                              "use 0.02 (Megatron's default)");
+}
+
+void validate_parallel(const Config& c, int64_t world_size) {
+  const auto& p = c.parallel;
+  check_positive("parallel.tp", p.tp);
+  check_positive("parallel.pp", p.pp);
+  check_positive("parallel.dp", p.dp);
+  if (p.tp * p.pp * p.dp != world_size) {
+    fail("parallel.tp*pp*dp", fmt::format("{}*{}*{} = {}", p.tp, p.pp, p.dp, p.tp * p.pp * p.dp),
+         fmt::format("must equal the number of ranks, {}", world_size),
+         "change tp/pp/dp so that their product is the world size (or launch that many ranks)");
+  }
+  if (p.schedule != "1f1b" && p.schedule != "gpipe") {
+    fail("parallel.schedule", "'" + p.schedule + "'", "must be 1f1b or gpipe", "pick one of them");
+  }
+  if (!(p.timeout_seconds > 0)) {
+    fail("parallel.timeout_seconds", fmt::format("{}", p.timeout_seconds), "must be > 0",
+         "use e.g. 120 (seconds)");
+  }
+  if (!p.stage_layers.empty()) {  // BR-14: never drop layers silently
+    if (static_cast<int64_t>(p.stage_layers.size()) != p.pp) {
+      fail("parallel.stage_layers", fmt::format("{} entries", p.stage_layers.size()),
+           fmt::format("must list one layer count per pipeline stage (pp = {})", p.pp),
+           "give pp numbers, or leave it empty for an even split");
+    }
+    int64_t sum = std::accumulate(p.stage_layers.begin(), p.stage_layers.end(), int64_t{0});
+    for (auto n : p.stage_layers) check_positive("parallel.stage_layers[i]", n);
+    if (sum != c.model.num_layers) {
+      fail("parallel.stage_layers", fmt::format("sum {}", sum),
+           fmt::format("must add up to model.num_layers = {}", c.model.num_layers),
+           "fix the per-stage counts");
+    }
+  } else if (c.model.num_layers % p.pp != 0) {
+    fail("model.num_layers", std::to_string(c.model.num_layers),
+         fmt::format("is not divisible by parallel.pp = {}", p.pp),
+         "set parallel.stage_layers to an explicit split (e.g. [8, 8, 7, 7]) or change pp");
+  }
+}
+
+void validate_train(const Config& c) {
+  const auto& t = c.train;
+  check_positive("train.micro_batch_size", t.micro_batch_size);
+  check_positive("train.global_batch_size", t.global_batch_size);
+  check_positive("train.train_steps", t.train_steps);
+  const int64_t per_pass = t.micro_batch_size * c.parallel.dp;
+  if (t.global_batch_size % per_pass != 0) {
+    const int64_t lo = std::max(per_pass, t.global_batch_size / per_pass * per_pass);
+    fail("train.global_batch_size", std::to_string(t.global_batch_size),
+         fmt::format("must be a multiple of micro_batch_size * dp = {} * {} = {}",
+                     t.micro_batch_size, c.parallel.dp, per_pass),
+         fmt::format("set it to {} or {}, or change train.micro_batch_size", lo, lo + per_pass));
+  }
+  if (!(t.lr > 0)) fail("train.lr", fmt::format("{}", t.lr), "must be > 0", "use e.g. 3e-4");
+  if (t.min_lr < 0 || t.min_lr > t.lr) {
+    fail("train.min_lr", fmt::format("{}", t.min_lr), fmt::format("must be in [0, lr = {}]", t.lr),
+         "lower min_lr or raise lr");
+  }
+  if (t.warmup_steps < 0) fail("train.warmup_steps", std::to_string(t.warmup_steps),
+                               "must be >= 0", "use 0 for no warm-up");
+  if (t.decay_steps < 0) fail("train.decay_steps", std::to_string(t.decay_steps), "must be >= 0",
+                              "use 0 for train_steps");
+  if (t.weight_decay < 0) fail("train.weight_decay", fmt::format("{}", t.weight_decay),
+                               "must be >= 0", "use e.g. 0.01");
+  for (auto [key, beta] : {std::pair{"train.adam_beta1", t.adam_beta1},
+                           std::pair{"train.adam_beta2", t.adam_beta2}}) {
+    check_probability(key, beta);
+  }
+  if (!(t.adam_eps > 0)) fail("train.adam_eps", fmt::format("{}", t.adam_eps), "must be > 0",
+                              "use 1e-8");
+  if (t.clip_grad < 0) fail("train.clip_grad", fmt::format("{}", t.clip_grad), "must be >= 0",
+                            "use 1.0, or 0 to disable clipping");
+  if (t.seed < 0) fail("train.seed", std::to_string(t.seed), "must be >= 0", "use e.g. 1234");
+  if (t.eval_interval < 0) fail("train.eval_interval", std::to_string(t.eval_interval),
+                                "must be >= 0", "use 0 to evaluate only at the end");
+  check_positive("train.eval_iters", t.eval_iters);
+  if (t.threads < 0) fail("train.threads", std::to_string(t.threads), "must be >= 0",
+                          "use 0 for automatic");
+}
+
+void validate_reducer(const std::string& where, const CompressorSpec& spec) {
+  Registry<GradReducer> registry;
+  register_builtin_grad_reducers(registry);
+  try {
+    (void)registry.create(spec.name, spec.options);  // validates the name and options now
+  } catch (const std::exception& e) {
+    fail(where, "'" + spec.name + "'", e.what(), "pick a listed compressor and its documented options");
+  }
+}
+
+void validate_codec(const Config& c, const std::string& where, const CompressorSpec& spec) {
+  try {
+    (void)make_act_codec(spec.name, pipeline_codec_options(c, spec));
+  } catch (const std::exception& e) {
+    fail(where, "'" + spec.name + "'", e.what(),
+         fmt::format("pick one of {} with its documented options", fmt::join(act_codec_names(), ", ")));
+  }
+}
+
+void validate_compression(const Config& c) {
+  const auto& k = c.compression;
+  validate_reducer("compression.dp", k.dp);
+  validate_reducer("compression.embedding", k.embedding);
+  validate_codec(c, "compression.pipeline_forward", k.pipeline_forward);
+  validate_codec(c, "compression.pipeline_backward", k.pipeline_backward);
+  (void)sc_way(c);  // throws on a bad compression.dp_stages
+  if (k.backward_phases != "all" && k.backward_phases != "epilogue") {
+    fail("compression.backward_phases", "'" + k.backward_phases + "'", "must be all or epilogue",
+         "use epilogue for the paper's epilogue-only CB (spec §4), all to compress every send");
+  }
+  if (k.lep != "lazy" && k.lep != "off" && k.lep != "per_microbatch") {
+    fail("compression.lep", "'" + k.lep + "'", "must be lazy, off or per_microbatch",
+         "use lazy (the paper's LEP), off (NON-LEP) or per_microbatch (classic error feedback)");
+  }
+  if (k.tp.name != "none" && k.tp.name != "fp16" && k.tp.name != "bf16") {
+    fail("compression.tp", "'" + k.tp.name + "'", "tensor-parallel all-reduces support none, fp16 or bf16",
+         "use one of them (the paper never compresses TP traffic, spec §9)");
+  }
+  if (c.log.lep_orthogonality) {  // spec §3.3: the Fig. 11 check needs CB on every backward send
+    if (k.pipeline_backward.name == "none" || k.lep == "off") {
+      fail("log.lep_orthogonality", "true", "the Fig. 11 check compares LEP errors, so it needs compression.pipeline_backward "
+           "and compression.lep other than off", "set pipeline_backward: lowrank (scheme cb), or turn the check off");
+    }
+    if (k.backward_phases == "epilogue") {
+      fail("log.lep_orthogonality", "true", "under backward_phases: epilogue the last stage compresses one micro-batch "
+           "per step, so no successive pair (j, j+1) exists (the reference forbids it too, spec §3.3)",
+           "set compression.backward_phases: all for the Fig. 11 run (e.g. experiments/schemes/fig11-mini-3d.yaml)");
+    }
+  }
+  if (k.tp.options && k.tp.options.size() > 0) {
+    fail("compression.tp", to_yaml_value(k.tp), "the cast compressors take no options", "give only the name");
+  }
+}
+
+void validate_rest(const Config& c) {
+  if (c.data.vocab_size < 16) fail("data.vocab_size", std::to_string(c.data.vocab_size),
+                                   "must be >= 16", "use e.g. 8000");
+  if (c.data.tokenizer_type != "unigram" && c.data.tokenizer_type != "bpe") {
+    fail("data.tokenizer_type", "'" + c.data.tokenizer_type + "'", "must be unigram or bpe",
+         "pick one of them");
+  }
+  if (c.data.sources.empty()) fail("data.sources", "[]", "needs at least one source",
+                                   "use [nlp-corpus, brown] or paths to .jsonl/.txt files");
+  validate_compression(c);
+  if (c.network.emulate && (c.network.intra_node_gbps <= 0 || c.network.inter_node_gbps <= 0)) {
+    fail("network.emulate", "true", "needs intra_node_gbps and inter_node_gbps > 0",
+         "declare both link bandwidths, or set emulate: false");
+  }
+  check_positive("log.interval", c.log.interval);
+  if (c.log.level != "debug" && c.log.level != "info" && c.log.level != "warn") {
+    fail("log.level", "'" + c.log.level + "'", "must be debug, info or warn", "pick one");
+  }
+  if (c.checkpoint.interval < 0) fail("checkpoint.interval", std::to_string(c.checkpoint.interval),
+                                      "must be >= 0", "use 0 for no periodic checkpoints");
+  if (c.checkpoint.keep < 0) fail("checkpoint.keep", std::to_string(c.checkpoint.keep),
+                                  "must be >= 0", "use 0 to keep all");
+}
+
+// Every floating-point key, whatever set it (a file, --set, code): NaN and infinities are refused
+// (the YAML reader already refuses them, compression/options.h; this covers programmatic configs).
+void validate_finite(const Config& const_cfg) {
+  Config c = const_cfg;  // visit() is non-const by design
+  for_each_section(c, [](const char* sec, auto& section) {
+    section.visit([&](const char* key, auto& field) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(field)>, double>) {
+        if (!std::isfinite(field)) {
+          fail(fmt::format("{}.{}", sec, key), fmt::format("{}", field), "must be a finite number",
+               "give a finite value (NaN and infinities are never valid settings)");
+        }
+      }
+    });
+  });
+}
+
+}  // namespace
+
+void Config::validate(int64_t world_size) const {
+  validate_finite(*this);
+  validate_model(*this);
+  validate_parallel(*this, world_size);
+  validate_train(*this);
+  validate_rest(*this);
+}
+
+void Config::validate_layout(int64_t world_size) const { validate_parallel(*this, world_size); }
+
+std::vector<int64_t> Config::stage_layer_counts() const {
+  if (!parallel.stage_layers.empty()) return parallel.stage_layers;
+  return std::vector<int64_t>(parallel.pp, model.num_layers / parallel.pp);
+}
+
+int64_t Config::num_micro_batches() const {
+  return train.global_batch_size / (train.micro_batch_size * parallel.dp);
+}
+
+int64_t Config::padded_vocab_size() const {
+  const int64_t multiple = model.vocab_divisor * parallel.tp;
+  return (model.vocab_size + multiple - 1) / multiple * multiple;
+}
+
+std::string Config::run_name() const {
+  if (!log.run_name.empty()) return log.run_name;
+  if (!source_path.empty()) return std::filesystem::path(source_path).stem().string();
+  return "run";
+}
+
+std::string Config::checkpoint_dir() const {
+  if (!checkpoint.dir.empty()) return checkpoint.dir;
+  return (std::filesystem::path(log.dir) / "ckpt" / run_name()).string();
+}
+
+YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec) {
+  YAML::Node o = spec.options && spec.options.IsMap() ? YAML::Clone(spec.options)
+                                                       : YAML::Node(YAML::NodeType::Map);
+  auto fill = [&](const char* key, int64_t value) {
+    if (!o[key]) o[key] = value;
+  };
+  if (spec.name == "lowrank") {
+    fill("hidden", c.model.hidden_size);
+    const std::string view = o["view"] ? o["view"].as<std::string>() : "token_major";
+    if (view == "reference") {
+      fill("seq_len", c.model.seq_len);
+      fill("micro_batch", c.train.micro_batch_size);
+    }
+  } else if (spec.name == "int8" || spec.name == "int4") {
+    fill("hidden", c.model.hidden_size);
+  }
+  return o;
+}
+
+int64_t sc_way(const Config& c) {
+  const std::string& v = c.compression.dp_stages;
+  if (v == "all") return c.parallel.pp;
+  if (v == "auto") return -1;
+  int64_t way = 0;
+  std::string why;  // the same integer rules as every config value (compression/options.h)
+  if (!parse_integer_text(v, way, why) || way < 1) {
+    fail("compression.dp_stages", "'" + v + "'", "must be all, auto or a positive integer way",
+         "use all, auto, or e.g. 3 to compress stages 0..2 (spec §6.5)");
+  }
+  return std::min<int64_t>(way, c.parallel.pp);
+}
+
+std::vector<std::string> compression_scheme_names() {
+  return {"baseline", "cb", "cb_fe", "cb_fe_sc", "cb_nonlep"};
+}
+
+void apply_compression_scheme(CompressionConfig& c, const std::string& name) {
+  if (name.empty()) return;
+  const auto names = compression_scheme_names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    throw ConfigError(fmt::format(
+        "compression.scheme = '{}' is not a known scheme. Known schemes: {}. Fix: pick one, or "
+        "leave scheme empty and set the compression keys yourself.",
+        name, fmt::join(names, ", ")));
+  }
+  c = CompressionConfig{};
+  c.scheme = name;
+  if (name == "baseline") return;
+  // CB: rank-16 low-rank codec on activation gradients, epilogue-only, LEP (spec §8.1).
+  c.pipeline_backward.name = "lowrank";
+  c.pipeline_backward.options.reset(YAML::Node(YAML::NodeType::Map));
+  c.pipeline_backward.options["rank"] = 16;
+  c.backward_phases = "epilogue";
+  c.lep = name == "cb_nonlep" ? "off" : "lazy";
+  if (name == "cb_fe" || name == "cb_fe_sc") c.fused_embedding = true;
+  if (name == "cb_fe_sc") {  // PowerSGD rank 128 with error feedback on the first 3 stages
+    c.dp.name = "powersgd";
+    c.dp.options.reset(YAML::Node(YAML::NodeType::Map));
+    c.dp.options["rank"] = 128;
+    c.dp.options["error_feedback"] = true;
+    c.dp.options["warmup_steps"] = 0;
+    c.dp_stages = "3";
+  }
+}
+
+}  // namespace optcc

@@ -1,0 +1,237 @@
+// Experiment configuration: one struct per YAML section, each field with its unit, default and effect.
+//
+// A config file (experiments/*.yaml) is a small diff over these defaults. Loading rules:
+//   * every key must be known; an unknown key is an error that lists the section's keys;
+//   * a value must have the default's type (`--set section.key=value` too);
+//   * `model.preset` is applied first, so explicit model keys override the preset's sizes;
+//   * `validate()` checks cross-field rules before any work starts.
+// Every error is a ConfigError whose message names the key, the value, the rule and the fix.
+// The effective config (after presets and overrides) is written with every result (`to_yaml`).
+#pragma once
+
+#include <yaml-cpp/yaml.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace optcc {
+
+/// Thrown for any bad configuration input; what() is a complete, user-facing message.
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// `model:` GPT architecture (Megatron-style, pre-LayerNorm, tied input/output embedding).
+struct ModelConfig {
+  std::string preset = "tiny";   // size preset (models/presets.h); its sizes fill the fields below
+  int64_t num_layers = 2;        // transformer blocks
+  int64_t hidden_size = 64;      // h; MLP inner size is 4h
+  int64_t num_heads = 2;         // attention heads; h % heads == 0 and heads % parallel.tp == 0
+  int64_t seq_len = 64;          // tokens per sample (s)
+  int64_t max_position_embeddings = 0;  // learned positions; 0 = seq_len
+  int64_t vocab_size = 0;        // true vocabulary; 0 = read from the dataset's <prefix>.json
+  int64_t vocab_divisor = 128;   // vocab is padded to a multiple of vocab_divisor * tp (BR-15)
+  double hidden_dropout = 0.1;   // dropout after attention/MLP and on embeddings, probability
+  double attention_dropout = 0.1;  // dropout on attention probabilities
+  double init_std = 0.02;        // N(0, init_std) init; output projections use init_std/sqrt(2L)
+  template <class V> void visit(V&& v);
+};
+
+/// `parallel:` process layout. Multi-rank execution arrives with the 3D-parallel work (issue 3).
+struct ParallelConfig {
+  int64_t tp = 1;              // tensor-parallel size
+  int64_t pp = 1;              // pipeline-parallel size (stages)
+  int64_t dp = 1;              // data-parallel size
+  int64_t ranks_per_node = 0;  // ranks per node for intra/inter-node accounting; 0 = local world
+  std::vector<int64_t> stage_layers;  // explicit layers per stage; empty = even split
+  std::string schedule = "1f1b";     // pipeline schedule: 1f1b (Megatron, non-interleaved) | gpipe
+  double timeout_seconds = 120.0;     // rendezvous and per-collective timeout, s; a dead rank ends
+                                      // the run within this time
+  template <class V> void visit(V&& v);
+};
+
+/// `train:` optimisation and schedule. Steps are optimizer steps (one global batch each).
+struct TrainConfig {
+  int64_t micro_batch_size = 4;    // sequences per micro-batch (b)
+  int64_t global_batch_size = 8;   // sequences per step (B) = micro_batch_size * micro-batches * dp
+  int64_t train_steps = 100;       // optimizer steps to run
+  double lr = 1.0e-3;              // peak learning rate
+  double min_lr = 1.0e-4;          // cosine decay floor
+  int64_t warmup_steps = 10;       // linear warm-up from 0 to lr
+  int64_t decay_steps = 0;         // cosine decay length after warm-up ends; 0 = train_steps
+  double weight_decay = 0.01;      // decoupled (AdamW); not applied to biases and LayerNorm
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.95;
+  double adam_eps = 1.0e-8;
+  double clip_grad = 1.0;          // global L2 norm clip; 0 = off
+  int64_t seed = 1234;             // model init, dropout and data shuffle seed
+  int64_t eval_interval = 50;      // steps between validation runs; 0 = only at the end
+  int64_t eval_iters = 10;         // validation micro-batches per evaluation
+  int64_t threads = 0;             // intra-op CPU threads per rank; 0 = cores / local ranks
+  template <class V> void visit(V&& v);
+};
+
+/// `data:` corpus, tokenizer and indexed dataset.
+struct DataConfig {
+  std::string dir = "data";                // cache root: raw packages, corpus JSONL, index caches
+  std::vector<std::string> sources = {"nlp-corpus", "brown"};  // built-in names or .jsonl/.txt paths
+  std::string prefix = "data/corpus";      // indexed dataset <prefix>.bin/.idx/.json/.model
+  int64_t vocab_size = 8000;               // SentencePiece vocabulary size (data prepare)
+  std::string tokenizer_type = "unigram";  // SentencePiece model: unigram | bpe
+  std::string split = "949,50,1";          // train,valid,test document weights
+  template <class V> void visit(V&& v);
+};
+
+/// A compressor and its options. In YAML either a name (`dp: powersgd`) or a mapping with the
+/// name and the compressor's options (`dp: {name: powersgd, rank: 4, error_feedback: true}`).
+/// Copies are deep: a YAML::Node is a reference, and assigning to one writes through to every
+/// copy sharing it, so copying a Config and changing the copy must not touch the original.
+struct CompressorSpec {
+  std::string name = "none";
+  YAML::Node options;  // the compressor's own keys (validated by the compressor's factory)
+
+  CompressorSpec() = default;
+  CompressorSpec(const CompressorSpec& o) : name(o.name), options(clone(o.options)) {}
+  CompressorSpec& operator=(const CompressorSpec& o) {
+    if (this != &o) {
+      name = o.name;
+      options.reset(clone(o.options));  // rebind, never write through
+    }
+    return *this;
+  }
+
+ private:
+  static YAML::Node clone(const YAML::Node& n) { return n.IsDefined() ? YAML::Clone(n) : YAML::Node(); }
+};
+
+/// `compression:` compressor per traffic class and the Optimus-CC techniques (spec §2-§6);
+/// `none` everywhere (the default) is the uncompressed baseline, bit-identical to it.
+///   dp                 GradReducer (compression/grad_reducer.h registry): none, fp16, bf16,
+///                      powersgd, topk, randomk, qsgd, signsgd.
+///   dp_stages          SC (spec §6.5): `all` (every stage compresses its DP gradients), an
+///                      integer `way` (stages 0..way-1 compress, the rest reduce raw), or `auto`:
+///                      a calibration step before training measures each stage's schedule end
+///                      and raw DP all-reduce time, and stage k compresses iff its raw all-reduce
+///                      would end after stage 0's compressed one (spec §6.5's rule
+///                      T_raw(k) > (end_0 − end_k) + T_dp(0)); the choice is logged, stored in the
+///                      results and the checkpoints (a resumed run keeps it).
+///   embedding          GradReducer for the tied-embedding synchronisation (pair or FE group).
+///   fused_embedding    FE (spec §5.2): word-embedding gradients leave the DP reduction; one
+///                      all-reduce over {first, last stage} x all DP replicas per TP rank, ÷ dp.
+///   pipeline_forward   ActCodec (compression/act_codec.h) for inter-stage activations.
+///   pipeline_backward  ActCodec for inter-stage activation gradients; `lowrank` = CB (spec §2).
+///   backward_phases    which backward sends are compressed: `all` or `epilogue` (spec §4).
+///   lep                error feedback of compressed backward sends (spec §3): `lazy` (one buffer
+///                      per rank, the paper), `off` (NON-LEP), `per_microbatch` (one per slot).
+///   tp                 tensor-parallel all-reduces: none, fp16 or bf16 (cast on the wire).
+///   scheme             a named row of the paper applied before the other keys of the section:
+///                      baseline | cb | cb_fe | cb_fe_sc | cb_nonlep (spec §8.1); "" = none.
+struct CompressionConfig {
+  std::string scheme = "";
+  CompressorSpec dp;
+  std::string dp_stages = "all";
+  CompressorSpec embedding;
+  bool fused_embedding = false;
+  CompressorSpec pipeline_forward;
+  CompressorSpec pipeline_backward;
+  std::string backward_phases = "all";
+  std::string lep = "lazy";
+  CompressorSpec tp;
+  template <class V> void visit(V&& v);
+};
+
+/// The scheme names `compression.scheme` accepts, and applying one (resets the section first).
+std::vector<std::string> compression_scheme_names();
+/// Throws ConfigError naming the known schemes when `name` is unknown.
+void apply_compression_scheme(CompressionConfig& c, const std::string& name);
+
+/// `network:` link emulation (architecture.md §5); off unless `emulate: true`.
+struct NetworkConfig {
+  bool emulate = false;
+  double intra_node_gbps = 0.0;        // GB/s per link inside a node
+  double inter_node_gbps = 0.0;        // GB/s per link between nodes
+  double intra_node_latency_us = 0.0;  // microseconds
+  double inter_node_latency_us = 0.0;  // microseconds
+  template <class V> void visit(V&& v);
+};
+
+/// `log:` progress lines and the HDF5 results file.
+struct LogConfig {
+  std::string dir = "results";   // results/<run_name>.h5
+  std::string run_name = "";     // "" = config file stem
+  int64_t interval = 10;         // steps between progress lines and HDF5 flushes
+  std::string level = "info";    // spdlog level: debug | info | warn
+  bool lep_orthogonality = false;  // Fig. 11 diagnostic on the last stage (/lep_orthogonality)
+  template <class V> void visit(V&& v);
+};
+
+/// `checkpoint:` periodic, atomic checkpoints (model, optimizer, RNG, data position, step).
+struct CheckpointConfig {
+  std::string dir = "";    // "" = results/ckpt/<run_name>
+  int64_t interval = 0;    // steps between checkpoints; 0 = none (a final one is still written
+                           // when `save_final` is true)
+  bool save_final = false; // write a checkpoint after the last step
+  int64_t keep = 2;        // most recent checkpoints kept on disk; 0 = keep all
+  template <class V> void visit(V&& v);
+};
+
+struct Config {
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainConfig train;
+  DataConfig data;
+  CompressionConfig compression;
+  NetworkConfig network;
+  LogConfig log;
+  CheckpointConfig checkpoint;
+  std::string source_path;  // the YAML file this came from ("" = defaults only)
+
+  /// Cross-field rules for a run on `world_size` ranks. Throws ConfigError naming key, value,
+  /// rule and fix. Call once the vocabulary is known (after `resolve_vocab`).
+  void validate(int64_t world_size = 1) const;
+  /// Only the parallel section's rules (tp*pp*dp == world_size, ...), for launchers.
+  void validate_layout(int64_t world_size) const;
+  /// Transformer layers of each pipeline stage (explicit list or even split), sum = num_layers.
+  std::vector<int64_t> stage_layer_counts() const;
+  /// Micro-batches per step and per data-parallel replica: B / (b * dp).
+  int64_t num_micro_batches() const;
+  /// Vocabulary padded to a multiple of vocab_divisor * tp (BR-15).
+  int64_t padded_vocab_size() const;
+  std::string run_name() const;
+  std::string checkpoint_dir() const;
+};
+
+/// Loads `path` over the defaults, then applies `overrides` ("section.key=value", in order).
+/// Throws ConfigError (unknown key, wrong type, unreadable file) before any work starts.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+/// Applies one "section.key=value" override in place.
+void apply_override(Config& cfg, const std::string& assignment);
+/// The effective config as YAML text (all sections, all keys).
+std::string to_yaml(const Config& cfg);
+/// A compressor spec as one line of YAML: `powersgd` or `{name: powersgd, rank: 4}`.
+std::string to_yaml_value(const CompressorSpec& spec);
+
+/// The options handed to make_act_codec() for a pipeline codec: the user's, plus the model's
+/// sizes where the codec needs them and the user gave none (lowrank: hidden, and seq_len /
+/// micro_batch for view: reference; int8/int4: hidden).
+YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec);
+
+/// SC (spec §6.5): the number of leading stages that compress DP gradients: pp for `all`, the
+/// integer way capped at pp, or -1 for `auto` (decided at run time). Throws ConfigError otherwise.
+int64_t sc_way(const Config& c);
+/// If model.vocab_size is 0, reads it from <data.prefix>.json; throws ConfigError if unavailable.
+void resolve_vocab(Config& cfg);
+
+/// Before the first step (the trainer's open_data): every token id of the dataset must index the
+/// embedding, i.e. 0 ≤ min_token_id and max_token_id < model.vocab_size (after resolve_vocab);
+/// and the .bin must fit the .json next to it (max_token_id < dataset_vocab_size when that is
+/// known, > 0). Throws ConfigError naming both sizes, model.vocab_size / data.vocab_size and the
+/// fix, instead of LibTorch's "index out of range in self" at the first forward.
+void check_dataset_vocab(const Config& cfg, int64_t min_token_id, int64_t max_token_id, int64_t dataset_vocab_size);
+
+}  // namespace optcc
+
+#include "harness/config/config_fields.h"

@@ -1,0 +1,204 @@
+#include "harness/parallel/communicator.h"
+
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO  // LibTorch's Gloo header is guarded by the macro its own build defines
+#endif
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace optcc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+int64_t nbytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
+
+}  // namespace
+
+const char* traffic_name(Traffic t) {
+  switch (t) {
+    case Traffic::kTensorParallel: return "tp";
+    case Traffic::kPipelineForward: return "pp_fwd";
+    case Traffic::kPipelineBackward: return "pp_bwd";
+    case Traffic::kDataParallel: return "dp";
+    case Traffic::kEmbedding: return "embedding";
+    case Traffic::kControl: return "control";
+  }
+  return "?";
+}
+
+const char* link_name(Link l) { return l == Link::kIntraNode ? "intra" : "inter"; }
+
+void TrafficMeter::record(Traffic cls, Link link, int64_t bytes, double seconds) {
+  auto& c = c_[static_cast<int>(cls)][static_cast<int>(link)];
+  c.bytes += bytes;
+  c.calls += 1;
+  c.seconds += seconds;
+}
+
+const TrafficCounters& TrafficMeter::at(Traffic cls, Link link) const {
+  return c_[static_cast<int>(cls)][static_cast<int>(link)];
+}
+
+TrafficCounters TrafficMeter::total() const {
+  TrafficCounters t;
+  for (const auto& per_class : c_) {
+    for (const auto& c : per_class) {
+      t.bytes += c.bytes;
+      t.calls += c.calls;
+      t.seconds += c.seconds;
+    }
+  }
+  return t;
+}
+
+void TrafficMeter::reset() { c_ = {}; }
+
+Communicator::Communicator(ProcessGroupPtr pg, std::vector<int> global_ranks, int my_global_rank,
+                           std::string name, Link link, TrafficMeter* meter,
+                           std::chrono::milliseconds timeout)
+    : pg_(std::move(pg)), ranks_(std::move(global_ranks)), name_(std::move(name)), link_(link),
+      meter_(meter), timeout_(timeout) {
+  auto it = std::find(ranks_.begin(), ranks_.end(), my_global_rank);
+  TORCH_CHECK(it != ranks_.end(), "Communicator ", name_, ": rank ", my_global_rank, " is not a member");
+  rank_ = static_cast<int>(it - ranks_.begin());
+  TORCH_CHECK(size() == 1 || pg_, "Communicator ", name_, ": a group of ", size(), " ranks needs a process group");
+}
+
+Communicator::~Communicator() = default;
+
+std::string Communicator::describe(const std::string& op, int64_t bytes) const {
+  return fmt::format("rank {} (group {}, group rank {} of {}): {} of {} bytes", ranks_[rank_], name_,
+                     rank_, size(), op, bytes);
+}
+
+void Communicator::record(Traffic cls, int64_t bytes, double seconds) {
+  if (meter_) meter_->record(cls, link_, bytes, seconds);
+}
+
+void Communicator::wait_work(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) {
+  try {
+    if (!work->wait(timeout_)) throw std::runtime_error("timed out");
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{} failed after at most {} ms: {}. A peer rank has probably failed or "
+                                "is stuck; see its own error.",
+                                what, timeout_.count(), e.what()));
+  }
+}
+
+void Communicator::all_reduce(torch::Tensor& t, Traffic cls, bool max) {
+  if (size() == 1) return;
+  TORCH_CHECK(t.is_contiguous(), "all_reduce needs a contiguous tensor");
+  const torch::ScalarType wire = wire_dtype_[static_cast<int>(cls)];
+  if (wire != torch::kByte && wire != torch::kFloat && wire != t.scalar_type() && !max &&
+      t.is_floating_point()) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor cast = t.to(wire);
+    all_reduce(cast, cls, max);  // the cast tensor's dtype equals `wire`: no further cast
+    t.copy_(cast);
+    return;
+  }
+  const auto t0 = Clock::now();
+  std::vector<torch::Tensor> ts{t};
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+  wait_work(pg_->allreduce(ts, opts), describe("all_reduce", nbytes(t)));
+  record(cls, 2 * (size() - 1) * nbytes(t) / size(), since(t0));
+}
+
+torch::Tensor Communicator::all_gather(const torch::Tensor& local, Traffic cls, int64_t dim) {
+  if (size() == 1) return local;
+  const auto t0 = Clock::now();
+  auto in = local.contiguous();
+  std::vector<torch::Tensor> inputs{in};
+  std::vector<std::vector<torch::Tensor>> outputs(1);
+  for (int i = 0; i < size(); ++i) outputs[0].push_back(torch::empty_like(in));
+  wait_work(pg_->allgather(outputs, inputs), describe("all_gather", nbytes(in)));
+  record(cls, (size() - 1) * nbytes(in), since(t0));
+  return torch::cat(outputs[0], dim);
+}
+
+torch::Tensor Communicator::reduce_scatter(const torch::Tensor& input, Traffic cls) {
+  TORCH_CHECK(input.size(0) % size() == 0, "reduce_scatter: dim 0 (", input.size(0),
+              ") must be divisible by the group size ", size());
+  if (size() == 1) return input;
+  const auto t0 = Clock::now();
+  auto buf = input.contiguous().clone();
+  std::vector<torch::Tensor> ts{buf};
+  wait_work(pg_->allreduce(ts), describe("reduce_scatter (all_reduce fallback)", nbytes(buf)));
+  record(cls, (size() - 1) * nbytes(buf) / size(), since(t0));
+  const int64_t chunk = input.size(0) / size();
+  return buf.narrow(0, rank_ * chunk, chunk).clone();
+}
+
+void Communicator::broadcast(torch::Tensor& t, int root, Traffic cls) {
+  if (size() == 1) return;
+  const auto t0 = Clock::now();
+  std::vector<torch::Tensor> ts{t};
+  c10d::BroadcastOptions opts;
+  opts.rootRank = root;
+  wait_work(pg_->broadcast(ts, opts), describe("broadcast", nbytes(t)));
+  record(cls, (size() - 1) * nbytes(t) / size(), since(t0));
+}
+
+void Communicator::barrier() {
+  if (size() == 1) return;
+  wait_work(pg_->barrier(), describe("barrier", 0));
+}
+
+CommHandle Communicator::post_p2p(bool is_send, torch::Tensor& t, int peer, Traffic cls, int tag) {
+  const char* op = is_send ? "send" : "recv";
+  TORCH_CHECK(t.is_contiguous(), op, " needs a contiguous tensor");
+  TORCH_CHECK(peer != rank_ && peer >= 0 && peer < size(), op, ": bad peer ", peer, " in group ", name_);
+  std::vector<torch::Tensor> ts{t};
+  CommHandle h;
+  h.start_ = Clock::now();
+  h.work_ = is_send ? pg_->send(ts, peer, tag) : pg_->recv(ts, peer, tag);
+  h.comm_ = this;
+  h.what_ = describe(fmt::format("{} {} group rank {} (tag {})", op, is_send ? "to" : "from", peer, tag), nbytes(t));
+  h.cls_ = cls;
+  h.bytes_ = is_send ? nbytes(t) : 0;  // the sender accounts the bytes
+  return h;
+}
+
+CommHandle Communicator::send(const torch::Tensor& t, int peer, Traffic cls, int tag) {
+  torch::Tensor shallow = t;  // c10d takes non-const tensors; a send never writes them
+  return post_p2p(true, shallow, peer, cls, tag);
+}
+
+CommHandle Communicator::recv(torch::Tensor& t, int peer, Traffic cls, int tag) {
+  return post_p2p(false, t, peer, cls, tag);
+}
+
+void CommHandle::wait() {
+  if (!work_) return;
+  auto work = std::move(work_);
+  work_.reset();
+  comm_->wait_work(work, what_);
+  comm_->record(cls_, bytes_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+}
+
+ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
+                                int rank, int size, std::chrono::milliseconds timeout,
+                                const std::string& hostname) {
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(hostname));
+  opts->threads = 1;
+  try {
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(prefix, store);
+    return c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, rank, size, opts);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("creating Gloo group '{}' (rank {} of {}) failed within {} ms: {}", prefix,
+                                rank, size, timeout.count(), e.what()));
+  }
+}
+
+}  // namespace optcc

@@ -1,0 +1,163 @@
+// Communicator: one c10d process group plus traffic accounting. Every byte that crosses ranks goes
+// through here (architecture.md §1), so bytes, calls and seconds are counted once, by traffic class
+// and link, where they go on the wire.
+//
+// Backends: ProcessGroupGloo on CPU; ProcessGroupNCCL when LibTorch has CUDA (issue 3 follow-up).
+// A group of one rank needs no process group: every operation is a no-op that records nothing.
+//
+// Byte accounting (per rank, what this rank sends under ring algorithms; optimus-cc-spec.md §9):
+//   all_reduce of X bytes over n ranks     2(n-1)/n * X
+//   all_gather of X bytes per rank         (n-1) * X
+//   reduce_scatter of X bytes (input)      (n-1)/n * X
+//   broadcast of X bytes                   (n-1)/n * X   (pipelined ring)
+//   send of X bytes                        X            (recv records 0 bytes, 1 call)
+//
+// Every blocking wait has the communicator's timeout; a failure or timeout throws CommError naming
+// this rank, the group, the operation and the bytes, so one failing rank ends all ranks (the peers'
+// operations fail or time out in turn) instead of hanging.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <array>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "harness/parallel/layout.h"
+
+
+namespace optcc {
+
+#if TORCH_VERSION_MAJOR >= 2
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::Backend>;  // LibTorch 2.x: backends hold the ops
+#else
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
+#endif
+
+/// Traffic classes of 3D-parallel training (spec §9 rows), plus kControl for the few scalars of
+/// bookkeeping (global gradient norm, loss averaging, checks) that spec §9 leaves out.
+enum class Traffic { kTensorParallel, kPipelineForward, kPipelineBackward, kDataParallel, kEmbedding, kControl };
+constexpr int kNumTraffic = 6;
+const char* traffic_name(Traffic t);  // "tp", "pp_fwd", "pp_bwd", "dp", "embedding", "control"
+const char* link_name(Link l);        // "intra", "inter"
+
+struct TrafficCounters {
+  int64_t bytes = 0;     // bytes this rank sent
+  int64_t calls = 0;     // operations issued
+  double seconds = 0.0;  // wall time spent waiting in them, s
+};
+
+/// Per-rank counters by class x link. Not thread-safe: one training thread uses it.
+class TrafficMeter {
+ public:
+  void record(Traffic cls, Link link, int64_t bytes, double seconds);
+  const TrafficCounters& at(Traffic cls, Link link) const;
+  TrafficCounters total() const;
+  void reset();
+
+ private:
+  std::array<std::array<TrafficCounters, 2>, kNumTraffic> c_{};
+};
+
+/// Thrown when a collective or p2p operation fails or times out.
+class CommError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// An outstanding p2p operation. wait() must be called on every handle (BR-13).
+class CommHandle {
+ public:
+  CommHandle() = default;
+  void wait();
+  bool pending() const { return work_ != nullptr; }
+
+ private:
+  friend class Communicator;
+  c10::intrusive_ptr<c10d::Work> work_;
+  class Communicator* comm_ = nullptr;
+  std::string what_;
+  Traffic cls_ = Traffic::kTensorParallel;
+  Link link_ = Link::kIntraNode;
+  int64_t bytes_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+
+class Communicator {
+ public:
+  /// `pg` spans exactly `global_ranks` (sorted; this rank is among them); may be null when the
+  /// group has one rank. `name` is used in errors ("tp[0,1]"). `link` classifies the group's
+  /// traffic (inter-node if any two members sit on different nodes). `meter` may be null.
+  Communicator(ProcessGroupPtr pg, std::vector<int> global_ranks, int my_global_rank, std::string name,
+               Link link, TrafficMeter* meter, std::chrono::milliseconds timeout);
+  ~Communicator();
+
+  int rank() const { return rank_; }   // rank of this process within the group
+  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& global_ranks() const { return ranks_; }
+  const std::string& name() const { return name_; }
+  Link link() const { return link_; }
+
+  // Collectives: all ranks of the group call them in the same order with same-shaped tensors.
+  /// In-place sum (or max) over the group. `t` contiguous, any float dtype.
+  void all_reduce(torch::Tensor& t, Traffic cls, bool max = false);
+  /// Concatenates every rank's `local` along `dim` in group-rank order: [.., n*local.size(dim), ..].
+  torch::Tensor all_gather(const torch::Tensor& local, Traffic cls, int64_t dim = 0);
+  /// Sums `input` over the group and returns this rank's 1/n slice along dim 0 (size(0) % n == 0).
+  /// Gloo lacks reduce-scatter in LibTorch 1.13: implemented as all_reduce + narrow there (and
+  /// accounted as a reduce-scatter so traffic figures do not depend on the backend).
+  torch::Tensor reduce_scatter(const torch::Tensor& input, Traffic cls);
+  /// Copies root's `t` (group rank) into every rank's `t`.
+  void broadcast(torch::Tensor& t, int root, Traffic cls);
+  void barrier();
+
+  // Point-to-point (peer = group rank). Messages between a pair of ranks are matched in posting
+  // order per tag; callers keep one fixed order per peer (BR-11).
+  CommHandle send(const torch::Tensor& t, int peer, Traffic cls, int tag = 0);
+  CommHandle recv(torch::Tensor& t, int peer, Traffic cls, int tag = 0);
+
+  TrafficMeter* meter() const { return meter_; }
+
+  /// Cast-on-the-wire compression of the floating-point all-reduces of one class (compression.tp:
+  /// fp16 / bf16 for Traffic::kTensorParallel): the tensor is cast to `dtype`, summed in it and
+  /// copied back (bytes counted in `dtype`). kFloat or the tensor's own dtype: no cast. Set on
+  /// every rank of the group alike, before the first collective.
+  void set_all_reduce_wire_dtype(Traffic cls, torch::ScalarType dtype) {
+    wire_dtype_[static_cast<int>(cls)] = dtype;
+  }
+
+ private:
+  friend class CommHandle;
+  void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
+  CommHandle post_p2p(bool is_send, torch::Tensor& t, int peer, Traffic cls, int tag);
+  void record(Traffic cls, int64_t bytes, double seconds);
+  std::string describe(const std::string& op, int64_t bytes) const;
+
+  ProcessGroupPtr pg_;
+  std::vector<int> ranks_;
+  int rank_ = 0;
+  std::string name_;
+  Link link_;
+  TrafficMeter* meter_;
+  std::chrono::milliseconds timeout_;
+  std::array<torch::ScalarType, kNumTraffic> wire_dtype_{};  // kByte (0) = no cast
+};
+
+}  // namespace optcc
+
+namespace optcc {
+
+/// A Gloo process group over the ranks that share `store` under `prefix` (loopback or the host's
+/// interface). `rank` and `size` are group ranks. All members must call it with the same prefix.
+/// Blocking until every member joined or `timeout` passed (then throws CommError).
+ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
+                                int rank, int size, std::chrono::milliseconds timeout,
+                                const std::string& hostname = "127.0.0.1");
+
+}  // namespace optcc

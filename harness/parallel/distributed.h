@@ -1,0 +1,54 @@
+// Process-level distributed set-up: rendezvous through c10d's TCPStore, then one Communicator per
+// group this rank belongs to (TP, DP, PP, model-parallel, embedding, fused embedding), built from the
+// pure RankLayout. Also the local launcher that forks + execs N ranks of this binary and supervises
+// them (architecture.md §4).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "harness/parallel/communicator.h"
+#include "harness/parallel/launch_env.h"
+#include "harness/parallel/layout.h"
+
+namespace optcc {
+
+/// Everything a rank needs to talk to the others. Built once, passed by reference (no globals).
+struct Distributed {
+  LaunchEnv env;
+  RankLayout layout;
+  TrafficMeter meter;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::unique_ptr<Communicator> world, tp, dp, pp, model_parallel, embedding, fused_embedding;
+  std::vector<std::string> hosts;  // host of every rank (exchanged through the store at start-up)
+  int rank() const { return env.rank; }
+  RankCoord coord() const { return layout.coord(env.rank); }
+};
+
+/// Connects to the TCPStore at env.master_addr:master_port (rank 0 hosts it) and creates this
+/// rank's groups. Every rank of the world must call it. `timeout` bounds the rendezvous and every
+/// later collective. Throws CommError naming the address and the ranks that did not arrive; throws
+/// std::invalid_argument when dims.world() != env.world_size (naming both).
+/// `store`: use this store instead of a TCPStore (tests: ranks as threads sharing a HashStore).
+/// A world of one rank needs no store and creates no process group.
+std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int ranks_per_node, const LaunchEnv& env,
+                                              std::chrono::milliseconds timeout,
+                                              c10::intrusive_ptr<c10d::Store> store = {});
+
+/// The start-up table: rank -> (tp, dp, pp) -> node -> host, one line per rank.
+std::string rank_table(const Distributed& d);
+
+/// Forks + execs this binary (/proc/self/exe) with `argv` (argv[0] as the user typed it) `nproc`
+/// times with OPTCC_RANK / OPTCC_WORLD_SIZE / OPTCC_LOCAL_RANK / OPTCC_LOCAL_WORLD_SIZE /
+/// MASTER_ADDR=127.0.0.1 / MASTER_PORT (a free port) set, and waits. When a rank exits non-zero or
+/// by a signal, the others get SIGTERM, then SIGKILL after `grace`; the message names the rank and
+/// its status. Returns 0 when all ranks succeed, else the first failing rank's exit code (or
+/// 128 + signal).
+int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::milliseconds grace);
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read, close).
+int free_local_port();
+
+}  // namespace optcc

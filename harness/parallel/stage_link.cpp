@@ -1,0 +1,249 @@
+// Point-to-point between adjacent pipeline stages (see stage_link.h).
+#include "harness/parallel/stage_link.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <stdexcept>
+
+namespace optcc {
+namespace {
+
+bool is_forward(P2PDir d) {
+  return d == P2PDir::kSendForward || d == P2PDir::kRecvForward;
+}
+bool is_send(P2PDir d) {
+  return d == P2PDir::kSendForward || d == P2PDir::kSendBackward;
+}
+Traffic traffic_of(P2PDir d) {
+  return is_forward(d) ? Traffic::kPipelineForward : Traffic::kPipelineBackward;
+}
+
+int64_t numel_of(at::IntArrayRef shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Every wire tensor's tag names its direction, micro-batch and payload part (BR-11).
+int tag_of(const P2PMessage& m, size_t part) {
+  return (m.microbatch * 2 + (is_forward(m.dir) ? 0 : 1)) * kMaxPayloadParts +
+         static_cast<int>(part);
+}
+
+std::string shape_str(at::IntArrayRef shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+}  // namespace
+
+// ---- IdentityCodec ----
+
+std::vector<std::vector<int64_t>> IdentityCodec::wire_shapes(const P2PMessage&, const P2PCall&,
+                                                             int64_t slice_numel) const {
+  return {{slice_numel}};
+}
+
+std::vector<torch::Tensor> IdentityCodec::encode(const P2PMessage&, const P2PCall&,
+                                                 const torch::Tensor& slice) {
+  return {slice};
+}
+
+torch::Tensor IdentityCodec::decode(const P2PMessage&, const P2PCall&,
+                                    const std::vector<torch::Tensor>& wire, int64_t) {
+  return wire.at(0);
+}
+
+// ---- StageLink ----
+
+struct StageLink::Pending {
+  std::vector<torch::Tensor> wire;  // posted buffers; alive until every handle is waited on
+  std::vector<CommHandle> handles;
+};
+
+StageLink::StageLink(Communicator& pipeline, Communicator* tensor_parallel, StageLinkShapes shapes,
+                     torch::TensorOptions options, std::shared_ptr<MessageCodec> codec)
+    : pipeline_(pipeline),
+      tp_(tensor_parallel),
+      shapes_(std::move(shapes)),
+      options_(options),
+      codec_(codec ? std::move(codec) : std::make_shared<IdentityCodec>()) {}
+
+bool StageLink::scatter_gather(at::IntArrayRef shape) const {
+  return tp_ && tp_->size() > 1 && numel_of(shape) % tp_->size() == 0;
+}
+
+const std::vector<int64_t>& StageLink::shape_of(const P2PMessage& m) const {
+  return m.peer_stage < stage() ? shapes_.input : shapes_.output;
+}
+
+std::string StageLink::where(const P2PCall& call, size_t index) const {
+  const P2PMessage& m = call.messages[index];
+  return fmt::format("pipeline stage {} of {}, call {} ({}{}), {} mb {} {} stage {}", stage(),
+                     stages(), to_string(call), to_string(call.phase), call.flush ? ", flush" : "",
+                     to_string(m.dir), m.microbatch, is_send(m.dir) ? "to" : "from", m.peer_stage);
+}
+
+std::vector<torch::Tensor> StageLink::execute(const P2PCall& call,
+                                              const std::vector<torch::Tensor>& send_tensors) {
+  const size_t n = call.messages.size();
+  if (send_tensors.size() != n) {
+    throw std::invalid_argument(
+        fmt::format("pipeline stage {}: call {} has {} messages but {} send "
+                    "tensors were given (align them with the messages)",
+                    stage(), to_string(call), n, send_tensors.size()));
+  }
+  // Check everything before posting anything, so a bad call never leaves half-posted messages.
+  for (size_t i = 0; i < n; ++i) {
+    const P2PMessage& m = call.messages[i];
+    const bool to_next = m.dir == P2PDir::kSendForward || m.dir == P2PDir::kRecvBackward;
+    const int expected = to_next ? stage() + 1 : stage() - 1;
+    if (m.peer_stage != expected || expected < 0 || expected >= stages()) {
+      throw std::invalid_argument(fmt::format("{}: the peer must be stage {} of 0..{}",
+                                              where(call, i), expected, stages() - 1));
+    }
+    if (!is_send(m.dir)) continue;
+    const torch::Tensor& t = send_tensors[i];
+    if (!t.defined() || t.sizes() != at::IntArrayRef(shape_of(m)) ||
+        t.scalar_type() != options_.dtype()) {
+      throw std::invalid_argument(fmt::format(
+          "{}: expected a {} tensor of shape {} (the link's {} shape), got {}", where(call, i),
+          c10::toString(c10::typeMetaToScalarType(options_.dtype())), shape_str(shape_of(m)),
+          m.peer_stage < stage() ? "input" : "output",
+          t.defined() ? fmt::format("{} {}", c10::toString(t.scalar_type()), shape_str(t.sizes()))
+                      : std::string("an undefined tensor")));
+    }
+  }
+  std::vector<Pending> pending(n);
+  for (size_t i = 0; i < n; ++i) post(call, i, send_tensors[i], pending[i]);
+  for (size_t i = 0; i < n; ++i) {  // BR-13: every handle, not just one per call
+    for (CommHandle& h : pending[i].handles) {
+      try {
+        h.wait();
+      } catch (const CommError& e) {
+        throw CommError(fmt::format("{}: {}", where(call, i), e.what()));
+      }
+    }
+  }
+  std::vector<torch::Tensor> received(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (!is_send(call.messages[i].dir)) received[i] = finish_recv(call, i, pending[i]);
+  }
+  return received;
+}
+
+void StageLink::post(const P2PCall& call, size_t index, const torch::Tensor& send_tensor,
+                     Pending& p) {
+  const P2PMessage& m = call.messages[index];
+  const std::vector<int64_t>& shape = shape_of(m);
+  const bool sg = scatter_gather(shape);
+  const int64_t slice_numel = sg ? numel_of(shape) / tp_->size() : numel_of(shape);
+  const std::vector<std::vector<int64_t>> wire_shapes = codec_->wire_shapes(m, call, slice_numel);
+  if (wire_shapes.empty() || wire_shapes.size() > static_cast<size_t>(kMaxPayloadParts)) {
+    throw std::invalid_argument(fmt::format("{}: the codec gives {} payload tensors; need 1..{}",
+                                            where(call, index), wire_shapes.size(),
+                                            kMaxPayloadParts));
+  }
+  std::vector<torch::ScalarType> wire_dtypes = codec_->wire_dtypes(m, call, slice_numel);
+  if (wire_dtypes.empty()) wire_dtypes.assign(wire_shapes.size(), c10::typeMetaToScalarType(options_.dtype()));
+  if (wire_dtypes.size() != wire_shapes.size()) {
+    throw std::invalid_argument(fmt::format("{}: the codec gives {} wire dtypes for {} parts",
+                                            where(call, index), wire_dtypes.size(), wire_shapes.size()));
+  }
+  const Traffic cls = traffic_of(m.dir);
+  if (is_send(m.dir)) {
+    const torch::Tensor flat = send_tensor.detach().contiguous().view({-1});
+    const torch::Tensor slice = sg ? flat.narrow(0, tp_->rank() * slice_numel, slice_numel) : flat;
+    for (const torch::Tensor& w : codec_->encode(m, call, slice)) p.wire.push_back(w.contiguous());
+    bool as_announced = p.wire.size() == wire_shapes.size();  // the receiver allocates those
+    for (size_t k = 0; as_announced && k < p.wire.size(); ++k) {
+      as_announced = p.wire[k].sizes() == at::IntArrayRef(wire_shapes[k]) &&
+                     p.wire[k].scalar_type() == wire_dtypes[k];
+    }
+    if (!as_announced) {
+      std::vector<std::string> got, announced;
+      for (const torch::Tensor& w : p.wire) {
+        got.push_back(fmt::format("{}{}", c10::toString(w.scalar_type()), shape_str(w.sizes())));
+      }
+      for (size_t k = 0; k < wire_shapes.size(); ++k) {
+        announced.push_back(fmt::format("{}{}", c10::toString(wire_dtypes[k]), shape_str(wire_shapes[k])));
+      }
+      throw std::invalid_argument(fmt::format(
+          "{}: the codec encoded {} but announced {} to the receiver", where(call, index),
+          fmt::join(got, " "), fmt::join(announced, " ")));
+    }
+    for (size_t k = 0; k < p.wire.size(); ++k) {
+      p.handles.push_back(pipeline_.send(p.wire[k], m.peer_stage, cls, tag_of(m, k)));
+    }
+  } else {
+    for (size_t k = 0; k < wire_shapes.size(); ++k) {
+      p.wire.push_back(torch::empty(wire_shapes[k], options_.dtype(wire_dtypes[k])));
+      p.handles.push_back(pipeline_.recv(p.wire.back(), m.peer_stage, cls, tag_of(m, k)));
+    }
+  }
+}
+
+torch::Tensor StageLink::finish_recv(const P2PCall& call, size_t index, Pending& p) {
+  const P2PMessage& m = call.messages[index];
+  const std::vector<int64_t>& shape = shape_of(m);
+  const bool sg = scatter_gather(shape);
+  const int64_t slice_numel = sg ? numel_of(shape) / tp_->size() : numel_of(shape);
+  torch::Tensor slice = codec_->decode(m, call, p.wire, slice_numel);
+  p.wire.clear();
+  if (slice.numel() != slice_numel) {
+    throw std::invalid_argument(fmt::format("{}: the codec decoded {} elements, expected {}",
+                                            where(call, index), slice.numel(), slice_numel));
+  }
+  slice = slice.to(c10::typeMetaToScalarType(options_.dtype())).contiguous().view({-1});
+  // The intra-node hop of scatter-gather, counted under the message's own class (stage_link.h).
+  const torch::Tensor flat = sg ? tp_->all_gather(slice, traffic_of(m.dir), 0) : slice;
+  torch::Tensor t = flat.view(shape);
+  if (is_forward(m.dir)) t = t.detach().requires_grad_(true);  // a fresh leaf: its .grad is dL/dx
+  return t;
+}
+
+// ---- Megatron's vocabulary ----
+
+void StageLink::send_forward(const torch::Tensor& output, int mb) {
+  if (is_last_stage()) return;
+  execute({{{P2PDir::kSendForward, mb, stage() + 1}}, PipePhase::kWarmup, false}, {output});
+}
+
+torch::Tensor StageLink::recv_forward(int mb) {
+  if (is_first_stage()) return {};
+  return execute({{{P2PDir::kRecvForward, mb, stage() - 1}}, PipePhase::kWarmup, false}, {{}})[0];
+}
+
+void StageLink::send_backward(const torch::Tensor& input_grad, int mb, bool flush) {
+  if (is_first_stage()) return;
+  const PipePhase phase = flush ? PipePhase::kCooldown : PipePhase::kSteady;
+  execute({{{P2PDir::kSendBackward, mb, stage() - 1}}, phase, flush}, {input_grad});
+}
+
+torch::Tensor StageLink::recv_backward(int mb, bool flush) {
+  if (is_last_stage()) return {};
+  const PipePhase phase = flush ? PipePhase::kCooldown : PipePhase::kSteady;
+  return execute({{{P2PDir::kRecvBackward, mb, stage() + 1}}, phase, flush}, {{}})[0];
+}
+
+torch::Tensor StageLink::send_forward_recv_backward(const torch::Tensor& output, int send_mb,
+                                                    int recv_mb) {
+  if (is_last_stage()) return {};
+  const P2PCall call{
+      {{P2PDir::kSendForward, send_mb, stage() + 1}, {P2PDir::kRecvBackward, recv_mb, stage() + 1}},
+      PipePhase::kSteady,
+      false};
+  return execute(call, {output, {}})[1];
+}
+
+torch::Tensor StageLink::send_backward_recv_forward(const torch::Tensor& input_grad, int send_mb,
+                                                    int recv_mb) {
+  if (is_first_stage()) return {};
+  const P2PCall call{
+      {{P2PDir::kSendBackward, send_mb, stage() - 1}, {P2PDir::kRecvForward, recv_mb, stage() - 1}},
+      PipePhase::kSteady,
+      false};
+  return execute(call, {input_grad, {}})[1];
+}
+
+}  // namespace optcc

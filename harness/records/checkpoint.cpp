@@ -1,0 +1,285 @@
+#include "harness/records/checkpoint.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+
+namespace optcc {
+namespace fs = std::filesystem;
+
+namespace {
+
+// 2: compressor state under state/<name>; 3: stateful compressors store the (name, shape) list
+// their per-tensor state belongs to (compression/state_manifest.h).
+constexpr int64_t kFormatVersion = 3;
+
+std::string rank_file(const fs::path& ckpt_dir, int64_t rank) {
+  return (ckpt_dir / fmt::format("rank_{:05d}.pt", rank)).string();
+}
+
+void write_text_atomically(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << text;
+    if (!out) throw std::runtime_error(fmt::format("checkpoint: cannot write {}", tmp.string()));
+  }
+  fs::rename(tmp, path);
+}
+
+// The step of a checkpoint directory name "iter_<digits>", or nullopt for any other name.
+std::optional<int64_t> iter_step(const std::string& name) {
+  constexpr size_t kPrefix = 5;  // "iter_"
+  if (name.rfind("iter_", 0) != 0 || name.size() == kPrefix || name.size() > kPrefix + 18) return std::nullopt;
+  for (size_t i = kPrefix; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return std::nullopt;
+  }
+  return std::stoll(name.substr(kPrefix));
+}
+
+torch::Tensor scalar(int64_t v) { return torch::tensor({v}, torch::kLong); }
+
+int64_t read_scalar(torch::serialize::InputArchive& ar, const std::string& key) {
+  torch::Tensor t;
+  ar.read(key, t);
+  return t.item<int64_t>();
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& dir, const TrainState& state, torch::nn::Module& model,
+                            torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
+                            const std::string& config_yaml, int64_t keep,
+                            const std::function<void()>& barrier,
+                            const std::map<std::string, at::Generator>& generators,
+                            const std::vector<CheckpointPart>& parts) {
+  const fs::path ckpt_dir = fs::path(dir) / fmt::format("iter_{:07d}", state.step);
+  std::error_code ec;
+  fs::create_directories(ckpt_dir, ec);
+  if (ec) throw std::runtime_error(fmt::format("checkpoint: cannot create {}: {}", ckpt_dir.string(), ec.message()));
+
+  torch::serialize::OutputArchive ar;
+  ar.write("meta/format_version", scalar(kFormatVersion));
+  ar.write("meta/step", scalar(state.step));
+  ar.write("meta/consumed_samples", scalar(state.consumed_samples));
+  ar.write("meta/layout", torch::tensor({layout.tp, layout.pp, layout.dp, layout.rank}, torch::kLong));
+  ar.write("meta/config", c10::IValue(config_yaml));
+  for (const auto& p : model.named_parameters()) ar.write("model/" + p.key(), p.value());
+  for (const auto& b : model.named_buffers()) ar.write("model/" + b.key(), b.value(), /*is_buffer=*/true);
+  torch::serialize::OutputArchive opt_ar;
+  optimizer.save(opt_ar);
+  ar.write("optimizer", opt_ar);
+  ar.write("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
+  for (const auto& [name, gen] : generators) ar.write("rng/" + name, gen.get_state());
+  for (const auto& part : parts) {
+    torch::serialize::OutputArchive sub;
+    part.save(sub);
+    ar.write("state/" + part.name, sub);
+    ar.write("meta/state/" + part.name, c10::IValue(part.identity));
+  }
+
+  const std::string file = rank_file(ckpt_dir, layout.rank);
+  const std::string tmp = file + ".tmp";
+  try {
+    ar.save_to(tmp);
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(fmt::format("checkpoint: cannot write {}: {}", tmp, e.what_without_backtrace()));
+  }
+  fs::rename(tmp, file);
+  barrier();
+  if (layout.rank == 0) {
+    write_text_atomically(fs::path(dir) / "latest", ckpt_dir.filename().string() + "\n");
+    if (keep > 0) prune_checkpoints(dir, state.step, keep);
+  }
+  return ckpt_dir.string();
+}
+
+std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t written_step, int64_t keep) {
+  // iter_* directories by step (not by name: iter_10000000 sorts before iter_9999999 as text).
+  std::vector<std::pair<int64_t, fs::path>> older;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const auto step = iter_step(e.path().filename().string());
+    if (!e.is_directory() || !step || *step == written_step) continue;
+    older.emplace_back(*step, e.path());
+  }
+  std::sort(older.begin(), older.end(), std::greater<>());  // newest step first
+  std::vector<std::string> removed;
+  int64_t kept = 1;  // the checkpoint just written
+  std::error_code ec;
+  for (const auto& [step, path] : older) {
+    // Later steps than the one just written are an abandoned timeline: always removed.
+    if (step < written_step && kept < keep) {
+      kept += 1;
+      continue;
+    }
+    fs::remove_all(path, ec);
+    if (ec) throw std::runtime_error(fmt::format("checkpoint: cannot remove {}: {}", path.string(), ec.message()));
+    removed.push_back(path.string());
+  }
+  return removed;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "latest");
+  std::string name;
+  if (!(in >> name)) return std::nullopt;
+  return (fs::path(dir) / name).string();
+}
+
+std::optional<std::string> find_checkpoint(const std::string& path) {
+  if (fs::exists(fs::path(path) / "latest")) {
+    const auto named = latest_checkpoint(path);
+    if (!named || !fs::exists(rank_file(*named, 0))) {
+      throw std::runtime_error(fmt::format(
+          "checkpoint: {}/latest names {}, which holds no rank_00000.pt (removed or never completed). Fix: "
+          "point --resume at an existing iter_NNNNNNN directory under {}, or remove {}/latest to start over.",
+          path, named ? *named : std::string("nothing"), path, path));
+    }
+    return named;
+  }
+  if (fs::exists(rank_file(path, 0))) return path;
+  return std::nullopt;
+}
+
+namespace {
+
+// The archive of `file`, checked for this build's format and this run's layout.
+torch::serialize::InputArchive open_checkpoint(const std::string& file, const CheckpointLayout& layout) {
+  torch::serialize::InputArchive ar;
+  try {
+    ar.load_from(file);
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(fmt::format("checkpoint: cannot read {}: {}", file, e.what_without_backtrace()));
+  }
+  if (const int64_t v = read_scalar(ar, "meta/format_version"); v != kFormatVersion) {
+    throw std::runtime_error(fmt::format("checkpoint: {} has format version {}, this build reads {}. Fix: resume "
+                                         "with the build that wrote it, or start fresh without --resume.",
+                                         file, v, kFormatVersion));
+  }
+  torch::Tensor saved_layout;
+  ar.read("meta/layout", saved_layout);
+  auto l = saved_layout.accessor<int64_t, 1>();
+  if (l[0] != layout.tp || l[1] != layout.pp || l[2] != layout.dp) {
+    throw std::runtime_error(fmt::format(
+        "checkpoint: {} was written with layout tp={} pp={} dp={}, but this run uses tp={} pp={} "
+        "dp={}. Fix: resume with the checkpoint's layout (resharding is not supported).",
+        file, l[0], l[1], l[2], layout.tp, layout.pp, layout.dp));
+  }
+  return ar;
+}
+
+void load_parameters(torch::serialize::InputArchive& ar, const std::string& file, torch::nn::Module& model) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : model.named_parameters()) {
+    torch::Tensor t;
+    try {
+      ar.read("model/" + p.key(), t);
+    } catch (const c10::Error&) {
+      throw std::runtime_error(fmt::format("checkpoint: {} lacks parameter '{}'", file, p.key()));
+    }
+    if (!t.sizes().equals(p.value().sizes())) {
+      throw std::runtime_error(fmt::format("checkpoint: {}: parameter '{}' has shape {} but the model "
+                                           "has {}. Fix: resume with the same model config.",
+                                           file, p.key(), fmt::join(t.sizes(), "x"),
+                                           fmt::join(p.value().sizes(), "x")));
+    }
+    p.value().copy_(t);
+  }
+}
+
+// The default CPU generator, then the named ones.
+void load_generators(torch::serialize::InputArchive& ar, const std::string& file,
+                     const std::map<std::string, at::Generator>& generators) {
+  torch::Tensor rng;
+  ar.read("rng/cpu", rng);
+  at::Generator gen = at::detail::getDefaultCPUGenerator();
+  gen.set_state(rng);
+  for (auto [name, g] : generators) {
+    torch::Tensor state;
+    try {
+      ar.read("rng/" + name, state);
+    } catch (const c10::Error&) {
+      throw std::runtime_error(fmt::format("checkpoint: {} lacks the '{}' generator state", file, name));
+    }
+    g.set_state(state);
+  }
+}
+
+// Each part's state, after checking that it was written by the same compressor (identity).
+void load_parts(torch::serialize::InputArchive& ar, const std::string& file, const std::vector<CheckpointPart>& parts) {
+  for (const auto& part : parts) {
+    c10::IValue saved_identity;
+    torch::serialize::InputArchive sub;
+    try {
+      ar.read("meta/state/" + part.name, saved_identity);
+      ar.read("state/" + part.name, sub);
+    } catch (const c10::Error&) {
+      throw std::runtime_error(fmt::format("checkpoint: {} holds no '{}' state ({}). Fix: resume with "
+                                           "the compression settings the checkpoint was written with.",
+                                           file, part.name, part.identity));
+    }
+    if (saved_identity.toStringRef() != part.identity) {
+      throw std::runtime_error(fmt::format("checkpoint: {} was written with {} = {}, but this run uses {}. "
+                                           "Fix: resume with the same compressor.",
+                                           file, part.name, saved_identity.toStringRef(), part.identity));
+    }
+    try {
+      part.load(sub);
+    } catch (const std::invalid_argument& e) {  // e.g. state kept for other tensors (StateMismatch)
+      throw std::runtime_error(fmt::format(
+          "checkpoint: {}: the '{}' state ({}) does not fit this run: {}. Fix: resume with the compression "
+          "settings the checkpoint was written with (compression.*, and train.micro_batch_size / "
+          "global_batch_size for pipeline codec state), or start fresh without --resume.",
+          file, part.name, part.identity, e.what()));
+    }
+  }
+}
+
+}  // namespace
+
+TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
+                           torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
+                           const std::map<std::string, at::Generator>& generators,
+                           const std::vector<CheckpointPart>& parts) {
+  const fs::path ckpt_dir = find_checkpoint(ckpt).value_or(ckpt);
+  const std::string file = rank_file(ckpt_dir, layout.rank);
+  if (!fs::exists(file)) {
+    throw std::runtime_error(fmt::format(
+        "checkpoint: {} does not exist. Fix: point --resume at a checkpoint directory "
+        "(iter_NNNNNNN or its parent holding `latest`) written by a run with the same layout.",
+        file));
+  }
+  torch::serialize::InputArchive ar = open_checkpoint(file, layout);
+  torch::NoGradGuard no_grad;
+  load_parameters(ar, file, model);
+  torch::serialize::InputArchive opt_ar;
+  ar.read("optimizer", opt_ar);
+  optimizer.load(opt_ar);
+  load_generators(ar, file, generators);
+  load_parts(ar, file, parts);
+  return TrainState{read_scalar(ar, "meta/step"), read_scalar(ar, "meta/consumed_samples")};
+}
+
+std::optional<torch::Tensor> read_checkpoint_tensor(const std::string& ckpt, int64_t rank, const std::string& name,
+                                                    const std::string& key) {
+  const auto ckpt_dir = find_checkpoint(ckpt);
+  if (!ckpt_dir) return std::nullopt;
+  const std::string file = rank_file(*ckpt_dir, rank);
+  if (!fs::exists(file)) return std::nullopt;
+  try {
+    torch::serialize::InputArchive ar, sub;
+    ar.load_from(file);
+    ar.read("state/" + name, sub);
+    torch::Tensor t;
+    sub.read(key, t);
+    return t;
+  } catch (const c10::Error&) {
+    return std::nullopt;
+  }
+}
+
+}  // namespace optcc

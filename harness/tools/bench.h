@@ -1,0 +1,25 @@
+// `optcc bench step`: times the training step of a config on this machine and relates it to the
+// machine's fp32 GEMM speed measured in the same run.
+#pragma once
+
+#include <cstdint>
+
+#include "harness/config/config.h"
+
+namespace optcc {
+
+struct StepBenchResult {
+  double step_seconds = 0;       // median over timed steps, s
+  double tokens_per_second = 0;  // global_batch_size * seq_len / step_seconds
+  double model_gflops = 0;       // achieved: gpt_train_flops / step_seconds / 1e9
+  double gemm_gflops = 0;        // fp32 square GEMM (n = gemm_size), median, GFLOP/s
+  double ratio = 0;              // model_gflops / gemm_gflops; near 1 = GEMM-bound at full speed
+  int64_t threads = 0;
+};
+
+/// Runs `warmup` untimed and `steps` timed training steps of `cfg` on random tokens (no data files
+/// needed; model.vocab_size 0 falls back to the dataset's, then to data.vocab_size). Sets the
+/// intra-op thread count to `threads` (0 = cfg's). Single process; all ranks' work in one.
+StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t threads, int64_t gemm_size = 2048);
+
+}  // namespace optcc

@@ -1,0 +1,529 @@
+// Analytic traffic per iteration (traffic_estimate.h). Every formula here restates, for one rank, the
+// collectives and sends the runtime issues; the header lists them class by class.
+#include "harness/tools/traffic_estimate.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+
+#include "compression/act_codec.h"
+#include "compression/grad_reducer.h"
+#include "compression/options.h"
+#include "compression/powersgd.h"
+#include "compression/elementwise_reducer.h"
+#include "harness/parallel/schedule.h"
+
+namespace optcc {
+namespace {
+
+// Communicator's per-rank byte conventions (communicator.h), integer division per collective.
+int64_t all_reduce_bytes(int64_t n, int64_t x) { return n > 1 ? 2 * (n - 1) * x / n : 0; }
+int64_t all_gather_bytes(int64_t n, int64_t x) { return n > 1 ? (n - 1) * x : 0; }
+
+int64_t product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto v : shape) n *= v;
+  return n;
+}
+
+std::string spec_text(const CompressorSpec& spec) { return to_yaml_value(spec); }
+
+// The DP (or embedding) reducer `spec` over gradients of `shapes` on a group of `n` ranks: bytes this
+// rank sends. `modelled` false (with a note) for reducers the model does not know.
+struct ReducerBytes {
+  bool modelled = true;
+  int64_t bytes = 0;
+  std::string note;
+};
+
+ReducerBytes none_reducer_bytes(const std::vector<std::vector<int64_t>>& shapes, int64_t n, int64_t beta) {
+  int64_t numel = 0;
+  for (const auto& s : shapes) numel += product(s);
+  return {true, all_reduce_bytes(n, numel * beta), ""};  // NoneReducer: one flat all-reduce
+}
+
+ReducerBytes powersgd_bytes(const CompressorSpec& spec, const std::vector<std::vector<int64_t>>& shapes, int64_t n,
+                            const TrafficModelOptions& o) {
+  PowerSgdOptions opt = PowerSgdOptions::from_yaml(spec.options);
+  if (o.step < opt.warmup_steps) return none_reducer_bytes(shapes, n, o.element_bytes);
+  if (o.reference_powersgd) opt.min_compression_rate = 0.0;
+  // powersgd.h step 2 (the reducer's plan): matrices [shape[0], numel/shape[0]] with
+  // r = min(rank, rows, cols) and rows·cols / ((rows+cols)·r) >= min_compression_rate go low-rank.
+  int64_t p_numel = 0, q_numel = 0, raw_numel = 0;
+  for (const auto& s : shapes) {
+    const int64_t numel = product(s);
+    const int64_t rows = s.size() >= 2 ? s[0] : 0;
+    const int64_t cols = rows > 0 ? numel / rows : 0;
+    const int64_t r = std::min({opt.rank, rows, cols});
+    const bool worth = r > 0 && double(rows) * double(cols) / (double(rows + cols) * double(r)) >=
+                                    opt.min_compression_rate;
+    if (worth) {
+      p_numel += rows * r, q_numel += cols * r;
+    } else {
+      raw_numel += numel;
+    }
+  }
+  // Steps 5-7: P (sum), raw fp32 (sum), Q (sum): three all-reduces, all fp32.
+  return {true, all_reduce_bytes(n, 4 * p_numel) + all_reduce_bytes(n, 4 * raw_numel) + all_reduce_bytes(n, 4 * q_numel),
+          ""};
+}
+
+// elementwise_reducer.h: tensor i (N elements) raw when N < min_numel or compressed_bytes(N) >= 4N;
+// compressed messages of all tensors in ONE collective (randomk: all-reduce; topk, qsgd, signsgd:
+// all-gather), raw tensors in one fp32 all-reduce. The per-tensor byte formula is the reducer's own.
+ReducerBytes elementwise_bytes(const Registry<GradReducer>& registry, const CompressorSpec& spec,
+                               const std::vector<std::vector<int64_t>>& shapes, int64_t n) {
+  auto reducer = registry.create(spec.name, spec.options);
+  const auto* ew = dynamic_cast<const ElementwiseReducer*>(reducer.get());
+  if (!ew) return {false, 0, fmt::format("DP reducer '{}' is not an element-wise reducer", spec.name)};
+  const int64_t min_numel = option_value<int64_t>(spec.options, spec.name, "min_numel", 0);
+  int64_t compressed = 0, raw = 0;
+  for (const auto& s : shapes) {
+    const int64_t numel = product(s);
+    const int64_t c = ew->compressed_bytes(numel);
+    if (numel < min_numel || c >= 4 * numel) {
+      raw += numel;
+    } else {
+      compressed += c;
+    }
+  }
+  const int64_t message = spec.name == "randomk" ? all_reduce_bytes(n, compressed) : all_gather_bytes(n, compressed);
+  return {true, message + all_reduce_bytes(n, 4 * raw), ""};
+}
+
+ReducerBytes reducer_bytes(const CompressorSpec& spec, const std::vector<std::vector<int64_t>>& shapes, int64_t n,
+                           const TrafficModelOptions& o) {
+  const std::string& name = spec.name;
+  if (name == "none") return none_reducer_bytes(shapes, n, o.element_bytes);
+  int64_t numel = 0;
+  for (const auto& s : shapes) numel += product(s);
+  if (name == "fp16") return {true, all_reduce_bytes(n, 2 * numel), ""};
+  if (name == "bf16") {  // cast_reducer.h: Gloo (CPU) all-gathers the bf16 bits
+    return {true, o.gloo ? all_gather_bytes(n, 2 * numel) : all_reduce_bytes(n, 2 * numel), ""};
+  }
+  if (name == "powersgd") return powersgd_bytes(spec, shapes, n, o);
+  Registry<GradReducer> registry;
+  register_builtin_grad_reducers(registry);
+  if (registry.contains(name) && (name == "topk" || name == "randomk" || name == "qsgd" || name == "signsgd")) {
+    return elementwise_bytes(registry, spec, shapes, n);
+  }
+  return {false, 0,
+          fmt::format("reducer '{}' is not modelled{}", name,
+                      registry.contains(name) ? "" : " (not registered in this build)")};
+}
+
+// nullptr for `none`, else the codec the runtime would build (pipeline_codec_options fills sizes).
+std::unique_ptr<ActCodec> build_codec(const Config& cfg, const CompressorSpec& spec, const char* key) {
+  if (spec.name == "none") return nullptr;
+  try {
+    return make_act_codec(spec.name, pipeline_codec_options(cfg, spec));
+  } catch (const std::exception& e) {
+    throw ConfigError(fmt::format("config error: {} = {}: {}. Fix: pick a codec and options that fit the model.",
+                                  key, spec_text(spec), e.what()));
+  }
+}
+
+int64_t codec_bytes(const ActCodec& codec, int64_t slice, const char* key, const CompressorSpec& spec) {
+  try {
+    return codec.payload_bytes(slice);
+  } catch (const std::exception& e) {
+    throw ConfigError(fmt::format(
+        "config error: {} = {}: cannot encode a message slice of {} elements: {}. Fix: pick a view "
+        "or sizes that fit the message (s*b*h/t elements).",
+        key, spec_text(spec), slice, e.what()));
+  }
+}
+
+// YAML::Node copies alias one node and assignment writes through the alias, so a plain Config copy
+// followed by apply_compression_scheme() (which assigns fresh options) would wipe the original's
+// compressor options. Variants are built on copies whose option nodes are deep clones.
+void set_spec(CompressorSpec& dst, const CompressorSpec& src) {
+  dst.name = src.name;
+  dst.options.reset(src.options ? YAML::Clone(src.options) : YAML::Node());  // rebind, never write through
+}
+
+Config detached_copy(const Config& c) {
+  Config out = c;
+  auto& o = out.compression;
+  const auto& k = c.compression;
+  set_spec(o.dp, k.dp);
+  set_spec(o.embedding, k.embedding);
+  set_spec(o.pipeline_forward, k.pipeline_forward);
+  set_spec(o.pipeline_backward, k.pipeline_backward);
+  set_spec(o.tp, k.tp);
+  return out;
+}
+
+int resolve_ranks_per_node(const Config& cfg, const TrafficModelOptions& o) {
+  if (o.ranks_per_node > 0) return static_cast<int>(o.ranks_per_node);
+  if (cfg.parallel.ranks_per_node > 0) return static_cast<int>(cfg.parallel.ranks_per_node);
+  return 8;
+}
+
+}  // namespace
+
+int64_t ParamShape::numel() const { return product(shape); }
+
+std::vector<ParamShape> stage_parameter_shapes(const Config& cfg, int stage) {
+  const int64_t p = cfg.parallel.pp, t = cfg.parallel.tp, h = cfg.model.hidden_size;
+  if (stage < 0 || stage >= p) {
+    throw std::out_of_range(fmt::format("stage_parameter_shapes: stage {} outside 0..{}", stage, p - 1));
+  }
+  const auto counts = cfg.stage_layer_counts();
+  const int64_t vp = cfg.padded_vocab_size();
+  const int64_t positions = cfg.model.max_position_embeddings > 0 ? cfg.model.max_position_embeddings : cfg.model.seq_len;
+  const bool first = stage == 0, last = stage == p - 1;
+  std::vector<ParamShape> out;
+  // Root parameters first (position_embedding), then the modules in registration order.
+  if (first) out.push_back({"position_embedding", {positions, h}, false});
+  if (first || last) out.push_back({"embedding.weight", {vp / t, h}, true});
+  for (int64_t i = 0; i < counts.at(stage); ++i) {
+    const std::string b = fmt::format("blocks.{}.", i);
+    out.push_back({b + "ln1.weight", {h}, false});
+    out.push_back({b + "ln1.bias", {h}, false});
+    out.push_back({b + "attn.qkv.weight", {3 * h / t, h}, false});
+    out.push_back({b + "attn.qkv.bias", {3 * h / t}, false});
+    out.push_back({b + "attn.proj.weight", {h, h / t}, false});
+    out.push_back({b + "attn.proj.bias", {h}, false});
+    out.push_back({b + "ln2.weight", {h}, false});
+    out.push_back({b + "ln2.bias", {h}, false});
+    out.push_back({b + "mlp.fc1.weight", {4 * h / t, h}, false});
+    out.push_back({b + "mlp.fc1.bias", {4 * h / t}, false});
+    out.push_back({b + "mlp.fc2.weight", {h, 4 * h / t}, false});
+    out.push_back({b + "mlp.fc2.bias", {h}, false});
+  }
+  if (last) {
+    out.push_back({"final_ln.weight", {h}, false});
+    out.push_back({"final_ln.bias", {h}, false});
+  }
+  return out;
+}
+
+int64_t RankTrafficEstimate::total() const {
+  int64_t s = 0;
+  for (const auto& c : bytes) s += c[0] + c[1];
+  return s;
+}
+
+int64_t TrafficEstimate::cluster_total(Traffic cls) const {
+  return cluster[static_cast<int>(cls)][0] + cluster[static_cast<int>(cls)][1];
+}
+
+int64_t TrafficEstimate::cluster_total() const {
+  int64_t s = 0;
+  for (int c = 0; c < kNumTraffic; ++c) {
+    if (modelled[c]) s += cluster[c][0] + cluster[c][1];
+  }
+  return s;
+}
+
+const RankTrafficEstimate& TrafficEstimate::gpu(int stage) const {
+  return ranks.at(static_cast<size_t>(stage) * dims.tp * dims.dp);  // rank = tp + t·(dp + d·pp)
+}
+
+namespace {
+
+void check_traffic_inputs(const Config& cfg, const TrafficModelOptions& o) {
+  if (cfg.model.vocab_size <= 0) {
+    throw ConfigError("config error: model.vocab_size = 0: the traffic model needs the vocabulary. Fix: "
+                      "--set model.vocab_size=N, or prepare the dataset so <data.prefix>.json gives it.");
+  }
+  if (o.element_bytes < 1) throw ConfigError("traffic model: element_bytes (β) must be >= 1");
+  const auto& k = cfg.compression;
+  if (k.backward_phases != "all" && k.backward_phases != "epilogue") {
+    throw ConfigError(fmt::format("config error: compression.backward_phases = '{}': must be all or epilogue",
+                                  k.backward_phases));
+  }
+}
+
+// The estimate's frame: layout, message sizes, k_TP, which classes are modelled.
+TrafficEstimate estimate_frame(const Config& cfg, const TrafficModelOptions& o) {
+  TrafficEstimate e;
+  e.dims = ParallelDims{static_cast<int>(cfg.parallel.tp), static_cast<int>(cfg.parallel.pp),
+                        static_cast<int>(cfg.parallel.dp)};
+  e.ranks_per_node = resolve_ranks_per_node(cfg, o);
+  const int64_t t = e.dims.tp;
+  const int64_t s = cfg.model.seq_len, b = cfg.train.micro_batch_size, h = cfg.model.hidden_size;
+  e.micro_batches = cfg.num_micro_batches();
+  e.message_elements = s * b * h;
+  e.scatter_gather = t > 1 && e.message_elements % t == 0;
+  e.slice_elements = e.scatter_gather ? e.message_elements / t : e.message_elements;
+  e.k_tp = o.recompute ? 6 : 4;
+  e.modelled.fill(true);
+  e.modelled[static_cast<int>(Traffic::kControl)] = false;
+  e.notes.push_back("control traffic (grad norm, loss, non-finite flags: a few scalars per step) is not modelled");
+  return e;
+}
+
+// What every stage's estimate needs besides its parameters.
+struct StageInputs {
+  int64_t beta = 4;                  // bytes per activation/gradient element
+  int64_t fwd_bytes = 0;             // one forward message (codec payload or slice·β)
+  int64_t bwd_bytes_compressed = 0;  // one compressed backward message
+  bool bwd_codec = false;            // pipeline_backward compresses
+  std::unique_ptr<PipelineSchedule> schedule;
+  int64_t way = 0;  // SC: stages 0..way-1 compress DP gradients
+  int64_t tp_beta = 4, ce_beta = 4;  // TP all-reduce bytes per element; cross-entropy's
+  int64_t vp = 0, emb_elements = 0;  // padded vocabulary; E = Vp/t·h
+};
+
+// Pipeline codecs, built as the runtime builds them, the schedule (for the epilogue decision), SC.
+StageInputs stage_inputs(const Config& cfg, TrafficEstimate& e, const TrafficModelOptions& o) {
+  const auto& k = cfg.compression;
+  const int64_t slice = e.slice_elements;
+  StageInputs in;
+  in.beta = o.element_bytes;
+  const auto fwd = build_codec(cfg, k.pipeline_forward, "compression.pipeline_forward");
+  const auto bwd = build_codec(cfg, k.pipeline_backward, "compression.pipeline_backward");
+  in.fwd_bytes = fwd ? codec_bytes(*fwd, slice, "compression.pipeline_forward", k.pipeline_forward) : slice * in.beta;
+  in.bwd_bytes_compressed =
+      bwd ? codec_bytes(*bwd, slice, "compression.pipeline_backward", k.pipeline_backward) : slice * in.beta;
+  in.bwd_codec = bwd != nullptr;
+  try {
+    in.schedule = make_schedule(cfg.parallel.schedule);
+  } catch (const std::exception& ex) {
+    throw ConfigError(fmt::format("config error: parallel.schedule = '{}': {}", cfg.parallel.schedule, ex.what()));
+  }
+  in.way = sc_way(cfg);
+  if (in.way < 0) {
+    in.way = e.dims.pp;
+    e.notes.push_back("compression.dp_stages = auto is decided at run time by a calibration step; modelled as all");
+  }
+  const bool tp_cast = k.tp.name == "fp16" || k.tp.name == "bf16";
+  in.tp_beta = tp_cast ? 2 : in.beta;
+  in.ce_beta = tp_cast ? 2 : 4;
+  in.vp = cfg.padded_vocab_size();
+  in.emb_elements = in.vp / e.dims.tp * cfg.model.hidden_size;
+  return in;
+}
+
+// PP: sends on the pipeline link, the receiver's all-gather on the TP link (stage_link.h), LEP.
+void stage_pp_bytes(StageTrafficEstimate& g, const Config& cfg, const TrafficEstimate& e, const StageInputs& in,
+                    int64_t st) {
+  const auto& k = cfg.compression;
+  const int64_t t = e.dims.tp, p = e.dims.pp, m = e.micro_batches, slice = e.slice_elements, beta = in.beta;
+  const bool first = st == 0, last = st == p - 1;
+  if (!last) g.pp_fwd_send = m * in.fwd_bytes;
+  if (!first && e.scatter_gather) g.pp_fwd_gather = m * all_gather_bytes(t, slice * beta);
+  if (!first) {
+    for (int mb = 0; mb < m; ++mb) {
+      const bool compressed =
+          in.bwd_codec && (k.backward_phases == "all" ||
+                           backward_send_is_epilogue(*in.schedule, static_cast<int>(st), static_cast<int>(p),
+                                                     static_cast<int>(m), mb));
+      g.backward_sends += 1;
+      g.backward_compressed += compressed;
+      g.pp_bwd_send += compressed ? in.bwd_bytes_compressed : slice * beta;
+    }
+  }
+  if (!last && e.scatter_gather) g.pp_bwd_gather = m * all_gather_bytes(t, slice * beta);
+  if (g.backward_compressed > 0) {  // pipeline_codec.h: fp32 buffers of one slice
+    if (k.lep == "lazy") g.lep_bytes = slice * 4;
+    if (k.lep == "per_microbatch") g.lep_bytes = g.backward_compressed * slice * 4;
+  }
+}
+
+// DP: SC picks the reducer per stage (grad_sync.h GradientSync). False (and a note) when the
+// reducer's bytes are not modelled.
+bool stage_dp_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEstimate& e, const StageInputs& in,
+                    const TrafficModelOptions& o, int64_t st, const std::vector<std::vector<int64_t>>& dp_shapes) {
+  const auto& k = cfg.compression;
+  const int64_t d = e.dims.dp;
+  g.compresses_dp = st < in.way && k.dp.name != "none";
+  const CompressorSpec none_spec;
+  const CompressorSpec& dp_spec = g.compresses_dp ? k.dp : none_spec;
+  g.dp_reducer = spec_text(dp_spec);
+  const ReducerBytes dpb = reducer_bytes(dp_spec, dp_shapes, d, o);
+  if (!dpb.modelled) e.notes.push_back(fmt::format("dp on stage {}: {}", st, dpb.note));
+  g.dp = dpb.bytes;
+  if (!k.fused_embedding && g.holds_word_embedding && dp_spec.name == "none") {
+    g.dp_word_embedding_share = all_reduce_bytes(d, in.emb_elements * in.beta);
+  }
+  return dpb.modelled;
+}
+
+// Embedding: the pair sync (baseline) or the FE group all-reduce. False (and a note) when the
+// reducer's bytes are not modelled.
+bool stage_embedding_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEstimate& e, const StageInputs& in,
+                           const TrafficModelOptions& o) {
+  const auto& k = cfg.compression;
+  if (!g.holds_word_embedding) return true;
+  const int64_t p = e.dims.pp, d = e.dims.dp;
+  const int64_t n = k.fused_embedding ? (p > 1 ? 2 * d : d) : (p > 1 ? 2 : 1);
+  if (k.embedding.name == "none") {
+    g.embedding = all_reduce_bytes(n, in.emb_elements * in.beta);
+    return true;
+  }
+  const ReducerBytes eb = reducer_bytes(k.embedding, {{in.vp / e.dims.tp, cfg.model.hidden_size}}, n, o);
+  if (!eb.modelled) e.notes.push_back(fmt::format("embedding: {}", eb.note));
+  g.embedding = eb.bytes;
+  return eb.modelled;
+}
+
+StageTrafficEstimate estimate_stage(const Config& cfg, TrafficEstimate& e, const StageInputs& in,
+                                    const TrafficModelOptions& o, int64_t st, bool& dp_modelled, bool& emb_modelled) {
+  const auto& k = cfg.compression;
+  const int64_t t = e.dims.tp, p = e.dims.pp, m = e.micro_batches;
+  const int64_t s = cfg.model.seq_len, b = cfg.train.micro_batch_size;
+  StageTrafficEstimate g;
+  const bool first = st == 0, last = st == p - 1;
+  g.layers = cfg.stage_layer_counts()[st];
+  g.holds_word_embedding = first || last;
+  std::vector<std::vector<int64_t>> dp_shapes;
+  for (const auto& prm : stage_parameter_shapes(cfg, static_cast<int>(st))) {
+    g.parameters += prm.numel();
+    if (k.fused_embedding && prm.word_embedding) continue;
+    dp_shapes.push_back(prm.shape);
+    g.dp_elements += prm.numel();
+  }
+  // TP: per micro-batch L_k·k_TP layer all-reduces, the embedding's forward all-reduce (first
+  // stage), the tied output layer's backward all-reduce and 3 cross-entropy all-reduces (last).
+  if (t > 1) {
+    const int64_t per_mb = (g.layers * e.k_tp + first + last) * all_reduce_bytes(t, e.message_elements * in.tp_beta) +
+                           (last ? all_reduce_bytes(t, s * b * 4) + 2 * all_reduce_bytes(t, s * b * in.ce_beta) : 0);
+    g.tp = m * per_mb;
+  }
+  stage_pp_bytes(g, cfg, e, in, st);
+  if (!stage_dp_bytes(g, cfg, e, in, o, st, dp_shapes)) dp_modelled = false;
+  if (!stage_embedding_bytes(g, cfg, e, in, o)) emb_modelled = false;
+  return g;
+}
+
+// Per rank: the stage's components on the links of this rank's groups.
+RankTrafficEstimate rank_traffic(const RankLayout& layout, const TrafficEstimate& e, bool fused_embedding, int r) {
+  RankTrafficEstimate re;
+  re.rank = r;
+  re.coord = layout.coord(r);
+  re.node = layout.node_of(r);
+  const auto& g = e.stages[re.coord.pp];
+  const auto link = [&](GroupKind kind) { return static_cast<int>(layout.group_link(layout.group(kind, r))); };
+  auto add = [&](Traffic cls, int lk, int64_t v) { re.bytes[static_cast<int>(cls)][lk] += v; };
+  const int tp_link = link(GroupKind::kTensorParallel), pp_link = link(GroupKind::kPipelineParallel);
+  add(Traffic::kTensorParallel, tp_link, g.tp);
+  add(Traffic::kPipelineForward, pp_link, g.pp_fwd_send);
+  add(Traffic::kPipelineForward, tp_link, g.pp_fwd_gather);
+  add(Traffic::kPipelineBackward, pp_link, g.pp_bwd_send);
+  add(Traffic::kPipelineBackward, tp_link, g.pp_bwd_gather);
+  add(Traffic::kDataParallel, link(GroupKind::kDataParallel), g.dp);
+  if (g.embedding > 0) {
+    add(Traffic::kEmbedding, link(fused_embedding ? GroupKind::kFusedEmbedding : GroupKind::kEmbedding), g.embedding);
+  }
+  return re;
+}
+
+}  // namespace
+
+TrafficEstimate estimate_traffic(const Config& cfg, const TrafficModelOptions& o) {
+  check_traffic_inputs(cfg, o);
+  TrafficEstimate e = estimate_frame(cfg, o);
+  const RankLayout layout(e.dims, e.ranks_per_node);
+  const StageInputs in = stage_inputs(cfg, e, o);
+  bool dp_modelled = true, emb_modelled = true;
+  for (int64_t st = 0; st < e.dims.pp; ++st) e.stages.push_back(estimate_stage(cfg, e, in, o, st, dp_modelled, emb_modelled));
+  e.modelled[static_cast<int>(Traffic::kDataParallel)] = dp_modelled;
+  e.modelled[static_cast<int>(Traffic::kEmbedding)] = emb_modelled;
+  for (int r = 0; r < layout.world(); ++r) {
+    RankTrafficEstimate re = rank_traffic(layout, e, cfg.compression.fused_embedding, r);
+    for (int c = 0; c < kNumTraffic; ++c) {
+      for (int l = 0; l < 2; ++l) e.cluster[c][l] += re.bytes[c][l];
+    }
+    e.ranks.push_back(re);
+  }
+  return e;
+}
+
+namespace {
+
+// Σ over stages of a per-GPU component, times the GPUs of a stage.
+int64_t stage_sum(const TrafficEstimate& e, int64_t StageTrafficEstimate::*field, int64_t per_stage) {
+  int64_t sum = 0;
+  for (const auto& g : e.stages) sum += per_stage * (g.*field);
+  return sum;
+}
+
+// CB: cfg's backward codec, else the paper's (the `cb` scheme's lowrank rank 16).
+void cb_rows(PaperTrafficRows& rows, const Config& cfg, const Config& base, const TrafficEstimate& own,
+             const TrafficModelOptions& o) {
+  const int64_t t = own.dims.tp, per_stage = own.dims.tp * own.dims.dp;
+  CompressionConfig cb;
+  apply_compression_scheme(cb, "cb");
+  CompressorSpec cb_codec;
+  set_spec(cb_codec, cfg.compression.pipeline_backward.name != "none" ? cfg.compression.pipeline_backward : cb.pipeline_backward);
+  rows.cb_codec = spec_text(cb_codec);
+  try {
+    const auto codec = make_act_codec(cb_codec.name, pipeline_codec_options(cfg, cb_codec));
+    rows.pp_message_cb = t * codec->payload_bytes(own.slice_elements);
+    for (const char* phases : {"epilogue", "all"}) {
+      Config v = detached_copy(base);
+      set_spec(v.compression.pipeline_backward, cb_codec);
+      v.compression.backward_phases = phases;
+      const int64_t total = stage_sum(estimate_traffic(v, o), &StageTrafficEstimate::pp_bwd_send, per_stage);
+      (std::string(phases) == "all" ? rows.pp_backward_cb_all : rows.pp_backward_cb_epilogue) = total;
+    }
+  } catch (const std::exception& ex) {
+    rows.notes.push_back(fmt::format("CB rows: {}", ex.what()));
+  }
+}
+
+// FE alone, then FE+SC: cfg's DP reducer and stages when it compresses DP, else `cb_fe_sc`'s.
+void fe_sc_rows(PaperTrafficRows& rows, const Config& cfg, const Config& base, const TrafficEstimate& own,
+                const TrafficModelOptions& o) {
+  const int64_t t = own.dims.tp, d = own.dims.dp, p = own.dims.pp;
+  Config fe = detached_copy(base);
+  fe.compression.fused_embedding = true;
+  rows.embedding_total_fe = estimate_traffic(fe, o).cluster_total(Traffic::kEmbedding);
+  const int64_t holders = (p > 1 ? 2 : 1) * t * d;  // ranks with a word-embedding copy
+  const int64_t emb_bytes = cfg.padded_vocab_size() / t * cfg.model.hidden_size * o.element_bytes;  // E·β
+  rows.embedding_total_fe_reference = holders > 1 ? 2 * (holders - 1) * emb_bytes : 0;  // one group of them all
+  CompressionConfig fesc;
+  apply_compression_scheme(fesc, "cb_fe_sc");
+  Config v = detached_copy(fe);
+  const bool own_dp = cfg.compression.dp.name != "none";
+  set_spec(v.compression.dp, own_dp ? cfg.compression.dp : fesc.dp);
+  v.compression.dp_stages = own_dp ? cfg.compression.dp_stages : fesc.dp_stages;
+  rows.fe_sc_reducer = spec_text(v.compression.dp);
+  if (v.compression.dp.name == "powersgd" && !o.reference_powersgd) {
+    rows.notes.push_back(fmt::format(
+        "DP PowerSGD keeps a matrix raw when rows·cols / ((rows+cols)·r) < min_compression_rate ({}); the reference "
+        "compresses every >=2-D gradient (spec §6.2): --reference-powersgd models that",
+        PowerSgdOptions::from_yaml(v.compression.dp.options).min_compression_rate));
+  }
+  rows.fe_sc_stages = v.compression.dp_stages;
+  const TrafficEstimate fs = estimate_traffic(v, o);
+  if (fs.modelled[static_cast<int>(Traffic::kDataParallel)]) {
+    for (const auto& g : fs.stages) rows.dp_per_gpu_fe_sc.push_back(g.dp);
+    rows.dp_total_fe_sc = fs.cluster_total(Traffic::kDataParallel);
+  } else {
+    for (const auto& n : fs.notes) rows.notes.push_back("FE+SC rows: " + n);
+  }
+}
+
+}  // namespace
+
+PaperTrafficRows paper_traffic_rows(const Config& cfg, const TrafficModelOptions& o) {
+  PaperTrafficRows rows;
+  const TrafficEstimate own = estimate_traffic(cfg, o);
+  const int64_t per_stage = own.dims.tp * own.dims.dp;  // GPUs per stage
+  Config base = detached_copy(cfg);
+  apply_compression_scheme(base.compression, "baseline");
+  const TrafficEstimate b = estimate_traffic(base, o);
+  for (const auto& g : b.stages) rows.stage_parameters.push_back(g.parameters);
+  rows.pp_message = own.message_elements * o.element_bytes;
+  rows.pp_forward_total = stage_sum(b, &StageTrafficEstimate::pp_fwd_send, per_stage);
+  rows.pp_backward_baseline = stage_sum(b, &StageTrafficEstimate::pp_bwd_send, per_stage);
+  for (const auto& g : b.stages) rows.dp_per_gpu_baseline.push_back(g.dp);
+  rows.dp_total_baseline = b.cluster_total(Traffic::kDataParallel);
+  rows.embedding_total_baseline =
+      b.cluster_total(Traffic::kEmbedding) + stage_sum(b, &StageTrafficEstimate::dp_word_embedding_share, per_stage);
+  rows.tp_total = own.cluster_total(Traffic::kTensorParallel);
+  rows.lep_per_gpu = own.slice_elements * 4;
+  cb_rows(rows, cfg, base, own, o);
+  fe_sc_rows(rows, cfg, base, own, o);
+  return rows;
+}
+
+}  // namespace optcc

@@ -1,0 +1,94 @@
+// Gradient reduction after a step's pipeline schedule (the baseline order of spec §1.2; the class
+// GradientSync below adds FE, SC and the embedding reducer on top of these steps):
+//   1. data parallel: the configured GradReducer (compression/grad_reducer.h; `none` is Megatron
+//      v2.5 "local DDP": one flattened buffer, divided by dp, all-reduced after the schedule
+//      returned, no bucketing or overlap), over the gradients that ensure_grads() returns;
+//   2. tied embedding: on the first and last stage (pp > 1) the word-embedding gradient is
+//      all-reduced (sum) over the 2-rank embedding group, so the two copies get the same update;
+//   3. global gradient norm over the model-parallel group (each parameter counted once).
+// All ranks of the respective groups must call these in the same order.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compression/grad_reducer.h"
+#include "harness/records/checkpoint.h"
+#include "harness/parallel/communicator.h"
+#include "harness/config/config.h"
+#include "models/gpt.h"
+
+namespace optcc {
+
+/// The gradients of `params`, in order; a parameter without one gets zeros first, so every rank
+/// hands the DP reducer the same list of tensors. The returned tensors alias the .grad fields.
+std::vector<torch::Tensor> ensure_grads(const std::vector<torch::Tensor>& params);
+
+/// Step 2. No-op when `embedding` is null (middle stages) or has one rank (pp == 1).
+void sync_tied_embedding_grad(GptModel& model, Communicator* embedding);
+
+/// Steps 1-2 with the configured compressors, for one rank (spec §1.2, §5.2, §5.5, §6.5):
+///   - SC: this stage reduces its DP gradients with compression.dp when its index < sc_way()
+///     (all stages for `all`), else with `none` (raw); compresses_dp() tells which.
+///   - Baseline embedding sync (fused_embedding: false): the word-embedding gradient is in the DP
+///     list; afterwards the first and last stage sum it over the 2-rank embedding group (through
+///     compression.embedding when that is not `none`: its mean over the pair, times 2).
+///   - FE (fused_embedding: true): the word-embedding gradient leaves the DP list; the first and
+///     last stage then sum it over the fused group ({stage 0, stage p-1} x all DP replicas, one
+///     group per TP rank, RankLayout::fused_embedding_group) and divide by d. Equal to the baseline
+///     in exact arithmetic, and to 0 ULP when the sums are exact (BR-09: 5.0 everywhere). With a
+///     compressing embedding reducer: its mean over the 2d ranks, times 2. The DP reducer never
+///     touches (so never zeroes) the embedding gradient (spec §5.4).
+/// Every rank calls reduce() once per step after the schedule, with the same step on all ranks.
+/// Returns false when a compressing reducer found NaN/Inf gradients (NonFiniteGradients, on all
+/// ranks of its group alike; its state is untouched): the caller must skip the optimizer step on
+/// every rank (the trainer does so by poisoning the global gradient norm). The remaining
+/// collectives of the step are still issued, so the peers never wait in vain.
+class GradientSync {
+ public:
+  /// `compress_dp`: whether this stage compresses its DP gradients; nullopt = stage < sc_way(cfg)
+  /// (required for dp_stages: auto, which the caller resolves: std::invalid_argument otherwise).
+  GradientSync(const Config& cfg, GptModel& model, Communicator* dp, Communicator* embedding,
+               Communicator* fused_embedding, int stage, std::optional<bool> compress_dp = std::nullopt);
+
+  bool reduce(const std::vector<torch::Tensor>& params, int64_t step);
+
+  bool compresses_dp() const { return compress_dp_; }
+  bool fused() const { return fused_; }
+  GradReducer& dp_reducer() { return *dp_reducer_; }
+  GradReducer* embedding_reducer() { return embedding_reducer_.get(); }
+  /// Checkpoint parts of the stateful reducers ("dp_reducer", "embedding_reducer"). Each reducer
+  /// knows its tensors by parameter name and shape (the DP list without the word embedding under
+  /// FE; the word embedding alone), so loading state kept for another list (e.g. FE switched)
+  /// throws StateMismatch naming the first difference (GradReducer::save).
+  std::vector<CheckpointPart> checkpoint_parts();
+  /// The gradients handed to the DP reducer, by parameter name (for records()).
+  const std::vector<std::string>& dp_tensor_names() const { return dp_names_; }
+
+ private:
+  GptModel& model_;
+  Communicator* dp_;
+  Communicator* embedding_;
+  Communicator* fused_embedding_;
+  int64_t dp_size_;
+  bool fused_;
+  bool compress_dp_;
+  std::unique_ptr<GradReducer> dp_reducer_;
+  std::unique_ptr<GradReducer> embedding_reducer_;  // null: plain sum
+  std::vector<std::string> dp_names_;
+  std::vector<std::string> all_names_;
+};
+
+/// Step 3. sqrt of the sum of squared gradients of the whole model: sharded parameters count on
+/// every TP rank, TP-replicated ones (LayerNorm, position embedding, row-parallel biases) on TP rank
+/// 0 only, and the last stage's copy of the word embedding not at all when pp > 1 (it equals stage
+/// 0's). All-reduced over `model_parallel` (null = this rank alone). Same value on every rank.
+double global_grad_norm(GptModel& model, Communicator* model_parallel, int tp_rank, int stages);
+
+/// Scales every gradient by max_norm / (norm + 1e-6) when norm > max_norm > 0.
+void clip_grads_to(const std::vector<torch::Tensor>& params, double norm, double max_norm);
+
+}  // namespace optcc

@@ -1,0 +1,284 @@
+// Compression policies on pipeline messages (see pipeline_codec.h).
+#include "harness/train/pipeline_codec.h"
+
+#include <fmt/format.h>
+
+#include "compression/codecs.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+
+namespace optcc {
+namespace {
+
+bool is_forward(P2PDir d) { return d == P2PDir::kSendForward || d == P2PDir::kRecvForward; }
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::unique_ptr<ActCodec> drop_none(std::unique_ptr<ActCodec> c) {
+  if (c && c->name() == "none") return nullptr;  // `none` is the identity: the plain slice travels
+  return c;
+}
+
+}  // namespace
+
+BackwardPhases parse_backward_phases(const std::string& s) {
+  if (s == "all") return BackwardPhases::kAll;
+  if (s == "epilogue") return BackwardPhases::kEpilogue;
+  throw std::invalid_argument("backward_phases '" + s + "' (known: all, epilogue)");
+}
+
+LepMode parse_lep_mode(const std::string& s) {
+  if (s == "off") return LepMode::kOff;
+  if (s == "lazy") return LepMode::kLazy;
+  if (s == "per_microbatch") return LepMode::kPerMicrobatch;
+  throw std::invalid_argument("lep '" + s + "' (known: lazy, off, per_microbatch)");
+}
+
+std::string to_string(BackwardPhases p) { return p == BackwardPhases::kAll ? "all" : "epilogue"; }
+std::string to_string(LepMode m) {
+  return m == LepMode::kOff ? "off" : m == LepMode::kLazy ? "lazy" : "per_microbatch";
+}
+
+PipelineCodec::PipelineCodec(std::unique_ptr<ActCodec> forward, std::unique_ptr<ActCodec> backward,
+                             BackwardPhases phases, LepMode lep)
+    : forward_(drop_none(std::move(forward))),
+      backward_(drop_none(std::move(backward))),
+      phases_(phases),
+      lep_(lep) {}
+
+bool PipelineCodec::compresses(const P2PMessage& msg, const P2PCall& call) const {
+  if (is_forward(msg.dir)) return forward_ != nullptr;
+  if (!backward_) return false;
+  return phases_ == BackwardPhases::kAll || call.flush;
+}
+
+const ActCodec* PipelineCodec::codec_for(const P2PMessage& msg, const P2PCall& call) const {
+  if (!compresses(msg, call)) return nullptr;
+  return is_forward(msg.dir) ? forward_.get() : backward_.get();
+}
+
+std::vector<std::vector<int64_t>> PipelineCodec::wire_shapes(const P2PMessage& msg,
+                                                             const P2PCall& call,
+                                                             int64_t slice_numel) const {
+  const ActCodec* c = codec_for(msg, call);
+  if (!c) return {{slice_numel}};
+  return c->wire_shapes(slice_numel);
+}
+
+std::vector<torch::ScalarType> PipelineCodec::wire_dtypes(const P2PMessage& msg,
+                                                          const P2PCall& call,
+                                                          int64_t slice_numel) const {
+  const ActCodec* c = codec_for(msg, call);
+  if (!c) return {};  // the link's dtype
+  return c->wire_dtypes(slice_numel);
+}
+
+std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2PCall& call,
+                                                 const torch::Tensor& slice) {
+  const bool forward = is_forward(msg.dir);
+  const int64_t raw_bytes = slice.numel() * static_cast<int64_t>(slice.element_size());
+  (forward ? stats_.forward_sends : stats_.backward_sends) += 1;
+  (forward ? stats_.forward_raw_bytes : stats_.backward_raw_bytes) += raw_bytes;
+  ActCodec* c = forward ? forward_.get() : backward_.get();
+  if (!compresses(msg, call)) {
+    (forward ? stats_.forward_wire_bytes : stats_.backward_wire_bytes) += raw_bytes;
+    return {slice};
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  torch::NoGradGuard no_grad;
+  torch::Tensor x = slice.to(torch::kFloat);
+  torch::Tensor* err = nullptr;
+  if (!forward && lep_ != LepMode::kOff) {
+    err = &lep_buffers_[lep_ == LepMode::kLazy ? 0 : msg.microbatch];
+    if (err->defined()) {
+      if (err->numel() != x.numel()) {
+        throw std::invalid_argument(fmt::format(
+            "pipeline codec: the LEP buffer holds {} elements but this slice has {} (the message "
+            "size changed between sends; LEP needs one slice size)", err->numel(), x.numel()));
+      }
+      x = x + *err;  // never modifies the caller's tensor
+    }
+  }
+  Payload p = c->encode(x);
+  if (err) *err = c->last_error();  // (slice + old error) − decode(payload)
+  if (!forward) stats_.backward_compressed += 1;
+  int64_t wire = 0;
+  for (const auto& part : p.parts) wire += part.numel() * static_cast<int64_t>(part.element_size());
+  (forward ? stats_.forward_wire_bytes : stats_.backward_wire_bytes) += wire;
+  if (check_orth_ && !forward) {
+    orth_errors_[msg.microbatch] = err ? err->clone() : c->last_error().clone();
+  }
+  stats_.encode_seconds += seconds_since(t0);
+  return p.parts;
+}
+
+torch::Tensor PipelineCodec::decode(const P2PMessage& msg, const P2PCall& call,
+                                    const std::vector<torch::Tensor>& wire, int64_t slice_numel) {
+  const ActCodec* c = codec_for(msg, call);
+  torch::Tensor slice;
+  if (!c) {
+    slice = wire.at(0);
+  } else {
+    const auto t0 = std::chrono::steady_clock::now();
+    slice = c->decode(Payload{wire}, slice_numel);
+    stats_.decode_seconds += seconds_since(t0);
+  }
+  if (check_orth_ && msg.dir == P2PDir::kRecvForward) {
+    orth_acts_[msg.microbatch] = slice.detach().to(torch::kFloat).clone();
+  }
+  return slice;
+}
+
+torch::Tensor PipelineCodec::lep_error(int mb) const {
+  auto it = lep_buffers_.find(lep_ == LepMode::kLazy ? 0 : mb);
+  return it == lep_buffers_.end() ? torch::Tensor() : it->second;
+}
+
+int64_t PipelineCodec::lep_bytes() const {
+  int64_t n = 0;
+  for (const auto& [mb, t] : lep_buffers_) {
+    if (t.defined()) n += t.numel() * static_cast<int64_t>(t.element_size());
+  }
+  return n;
+}
+
+int64_t PipelineCodec::codec_state_bytes() const {
+  int64_t n = 0;
+  for (const ActCodec* c : {forward_.get(), backward_.get()}) {
+    if (const auto* lr = dynamic_cast<const LowRankCodec*>(c); lr && lr->q().defined()) {
+      n += lr->q().numel() * static_cast<int64_t>(lr->q().element_size());
+    }
+  }
+  return n;
+}
+
+void PipelineCodec::begin_step() {
+  orth_acts_.clear();
+  orth_errors_.clear();
+}
+
+OrthogonalityRecord PipelineCodec::orthogonality() const {
+  OrthogonalityRecord r;
+  for (const auto& [j, e] : orth_errors_) {
+    auto a = orth_acts_.find(j), b = orth_acts_.find(j + 1);
+    if (a == orth_acts_.end() || b == orth_acts_.end()) continue;
+    const torch::Tensor delta = a->second - b->second;  // X_j − X_{j+1}, this TP rank's slice
+    if (delta.numel() != e.numel()) continue;  // slice sizes differ: not comparable
+    const double denom = e.norm().item<double>() * delta.norm().item<double>();
+    r.microbatch.push_back(j);
+    r.cosine.push_back(denom > 0 ? e.dot(delta).item<double>() / denom : 0.0);
+    r.error_mean.push_back(e.mean().item<double>());
+    r.delta_mean.push_back(delta.mean().item<double>());
+  }
+  return r;
+}
+
+void PipelineCodec::save(torch::serialize::OutputArchive& archive) const {
+  const char* names[2] = {"forward", "backward"};
+  const ActCodec* codecs[2] = {forward_.get(), backward_.get()};
+  for (int i = 0; i < 2; ++i) {
+    if (!codecs[i]) continue;
+    torch::serialize::OutputArchive sub;
+    codecs[i]->save(sub);
+    archive.write(names[i], sub);
+  }
+  torch::serialize::OutputArchive lep;
+  std::vector<int64_t> keys;
+  for (const auto& [mb, t] : lep_buffers_) {
+    if (!t.defined()) continue;
+    keys.push_back(mb);
+    lep.write(std::to_string(mb), t);
+  }
+  lep.write("keys", torch::tensor(keys.empty() ? std::vector<int64_t>{-1} : keys, torch::kLong));
+  archive.write("lep", lep);
+}
+
+void PipelineCodec::load(torch::serialize::InputArchive& archive) {
+  const char* names[2] = {"forward", "backward"};
+  ActCodec* codecs[2] = {forward_.get(), backward_.get()};
+  for (int i = 0; i < 2; ++i) {
+    if (!codecs[i]) continue;
+    torch::serialize::InputArchive sub;
+    archive.read(names[i], sub);
+    codecs[i]->load(sub);
+  }
+  torch::serialize::InputArchive lep;
+  archive.read("lep", lep);
+  torch::Tensor keys;
+  lep.read("keys", keys);
+  lep_buffers_.clear();
+  for (int64_t i = 0; i < keys.numel(); ++i) {
+    const int64_t mb = keys[i].item<int64_t>();
+    if (mb < 0) continue;
+    torch::Tensor t;
+    lep.read(std::to_string(mb), t);
+    lep_buffers_[static_cast<int>(mb)] = t;
+  }
+  check_loaded_state();
+}
+
+void PipelineCodec::check_loaded_state() const {
+  if (!expected_) return;
+  const auto expected = expected_state();
+  for (const TensorSpec& held : held_state()) {
+    auto it = std::find_if(expected.begin(), expected.end(), [&](const TensorSpec& e) { return e.name == held.name; });
+    if (it != expected.end() && it->shape == held.shape) continue;
+    throw StateMismatch(fmt::format(
+        "{} in the checkpoint, {} in this run (this rank sends forward slices of {} and backward slices of {} "
+        "elements, {} micro-batches per step)",
+        describe(held), it == expected.end() ? "none" : describe_shape(it->shape), expected_->forward_slice,
+        expected_->backward_slice, expected_->microbatches));
+  }
+}
+
+void PipelineCodec::expect_messages(int64_t forward_slice, int64_t backward_slice, int64_t microbatches) {
+  expected_ = Messages{forward_slice, backward_slice, microbatches};
+}
+
+std::vector<TensorSpec> PipelineCodec::expected_state() const {
+  std::vector<TensorSpec> out;
+  if (!expected_) return out;
+  const char* names[2] = {"forward", "backward"};
+  const ActCodec* codecs[2] = {forward_.get(), backward_.get()};
+  const int64_t slices[2] = {expected_->forward_slice, expected_->backward_slice};
+  for (int i = 0; i < 2; ++i) {
+    if (!codecs[i] || slices[i] <= 0) continue;
+    for (auto spec : codecs[i]->state_for(slices[i])) out.push_back({names[i] + ("." + spec.name), spec.shape});
+  }
+  if (!backward_ || slices[1] <= 0 || lep_ == LepMode::kOff) return out;
+  if (lep_ == LepMode::kLazy) {
+    out.push_back({"lep", {slices[1]}});
+  } else {
+    for (int64_t mb = 0; mb < expected_->microbatches; ++mb) out.push_back({"lep." + std::to_string(mb), {slices[1]}});
+  }
+  return out;
+}
+
+std::vector<TensorSpec> PipelineCodec::held_state() const {
+  std::vector<TensorSpec> out;
+  const char* names[2] = {"forward", "backward"};
+  const ActCodec* codecs[2] = {forward_.get(), backward_.get()};
+  for (int i = 0; i < 2; ++i) {
+    if (!codecs[i]) continue;
+    for (auto spec : codecs[i]->held_state()) out.push_back({names[i] + ("." + spec.name), spec.shape});
+  }
+  for (const auto& [mb, t] : lep_buffers_) {
+    if (!t.defined()) continue;
+    out.push_back({lep_ == LepMode::kLazy ? std::string("lep") : "lep." + std::to_string(mb), t.sizes().vec()});
+  }
+  return out;
+}
+
+std::shared_ptr<PipelineCodec> PipelineCodec::fork() const {
+  auto f = std::make_shared<PipelineCodec>(forward_ ? forward_->clone() : nullptr,
+                                           backward_ ? backward_->clone() : nullptr, phases_, lep_);
+  for (const auto& [mb, t] : lep_buffers_) f->lep_buffers_[mb] = t.defined() ? t.clone() : t;
+  f->expected_ = expected_;
+  return f;
+}
+
+}  // namespace optcc

@@ -1,0 +1,155 @@
+// PipelineCodec: the MessageCodec (stage_link.h) that puts ActCodecs (compression/act_codec.h) on
+// the pipeline's point-to-point messages, with Optimus-CC's policies:
+//   - Compressed backpropagation (CB, spec §2): activation gradients sent from stage k to k−1 go
+//     through the backward codec (`lowrank` rank 16 in the paper) on each TP rank's own flat slice;
+//     the receiver decodes and StageLink all-gathers the slices over TP as usual.
+//   - Epilogue-only (spec §4): with BackwardPhases::kEpilogue only flush calls (the last
+//     steady-state send and the cool-down) are compressed. Sender and receiver take the decision
+//     from the call's flush flag, which the schedule sets identically on both ends
+//     (schedule.h: backward_send_is_epilogue == backward_recv_is_epilogue of the peer).
+//   - Lazy error propagation (LEP, spec §3.1): LepMode::kLazy keeps ONE buffer per rank, the size
+//     of one outgoing slice, added to the next compressed send (whatever its micro-batch or
+//     iteration) and replaced by that send's error: sent + new error = slice + old error.
+//     kPerMicrobatch keeps one buffer per micro-batch slot (classic error feedback, the alternative
+//     the paper argues against; m buffers); kOff drops the error (the NON-LEP ablation).
+//   - Forward activations go through the forward codec when one is given (an ablation baseline;
+//     the paper never compresses them). No error feedback on forward messages.
+// A codec named `none` (or null) leaves its direction uncompressed: the slice itself travels in
+// the link's dtype, bit-identical to StageLink's IdentityCodec.
+//
+// Who calls what: one PipelineCodec per rank, handed to that rank's StageLink; all ranks of a
+// pipeline must be built from the same options (the receiver derives shapes and dtypes from them).
+// Encoding runs in fp32 (the slice is cast when the link's dtype differs); compressed parts travel
+// in the codec's wire dtypes (lowrank: fp32 P̂ and Q whatever the training dtype, spec §10 item 5).
+//
+// Diagnostics (spec §3.3, Fig. 11), off unless enabled: on each rank, per step, the received
+// forward activation slice of every micro-batch (before the TP all-gather, so it is this TP rank's
+// slice) and the LEP error left by each compressed backward send; orthogonality() then gives, for
+// successive micro-batches j, j+1 with both recorded, cos(e_j, X_j − X_{j+1}), mean(e_j) and
+// mean(X_j − X_{j+1}), on the same TP slice (fixing the reference's size mismatch with TP > 1).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "compression/act_codec.h"
+#include "harness/parallel/stage_link.h"
+
+namespace optcc {
+
+enum class BackwardPhases { kAll, kEpilogue };
+enum class LepMode { kOff, kLazy, kPerMicrobatch };
+
+/// "all" | "epilogue"; "off" | "lazy" | "per_microbatch". std::invalid_argument otherwise.
+BackwardPhases parse_backward_phases(const std::string& s);
+LepMode parse_lep_mode(const std::string& s);
+std::string to_string(BackwardPhases p);
+std::string to_string(LepMode m);
+
+/// Message counts and bytes since the last reset_stats() (this rank's sends only).
+struct PipelineCodecStats {
+  int64_t backward_sends = 0;             // activation-gradient messages sent
+  int64_t backward_compressed = 0;        // of those, compressed
+  int64_t backward_raw_bytes = 0;         // slice bytes in the link's dtype, all sends
+  int64_t backward_wire_bytes = 0;        // bytes actually handed to the pipeline link
+  int64_t forward_sends = 0;
+  int64_t forward_raw_bytes = 0;
+  int64_t forward_wire_bytes = 0;
+  double encode_seconds = 0;              // wall time in encode() (compression compute), s
+  double decode_seconds = 0;              // wall time in decode() of compressed messages, s
+};
+
+/// Fig. 11 series for one step (spec §3.3), one entry per successive pair (j, j+1).
+struct OrthogonalityRecord {
+  std::vector<int> microbatch;     // j
+  std::vector<double> cosine;      // cos(e_j, X_j − X_{j+1})
+  std::vector<double> error_mean;  // mean(e_j)
+  std::vector<double> delta_mean;  // mean(X_j − X_{j+1})
+};
+
+class PipelineCodec : public MessageCodec {
+ public:
+  /// `forward` / `backward`: codecs of the two directions; null or `none` = uncompressed.
+  PipelineCodec(std::unique_ptr<ActCodec> forward, std::unique_ptr<ActCodec> backward,
+                BackwardPhases phases, LepMode lep);
+
+  /// Whether this message is compressed (both ends of a message give the same answer).
+  bool compresses(const P2PMessage& msg, const P2PCall& call) const;
+  bool compresses_backward() const { return backward_ != nullptr; }
+  bool compresses_forward() const { return forward_ != nullptr; }
+
+  std::vector<std::vector<int64_t>> wire_shapes(const P2PMessage& msg, const P2PCall& call,
+                                                int64_t slice_numel) const override;
+  std::vector<torch::ScalarType> wire_dtypes(const P2PMessage& msg, const P2PCall& call,
+                                             int64_t slice_numel) const override;
+  std::vector<torch::Tensor> encode(const P2PMessage& msg, const P2PCall& call,
+                                    const torch::Tensor& slice) override;
+  torch::Tensor decode(const P2PMessage& msg, const P2PCall& call,
+                       const std::vector<torch::Tensor>& wire, int64_t slice_numel) override;
+
+  /// The LEP buffer: kLazy: the one buffer (micro-batch ignored); kPerMicrobatch: slot `mb`.
+  /// Undefined before the first compressed send (or for kOff). [slice_numel] fp32.
+  torch::Tensor lep_error(int mb = 0) const;
+  /// Bytes held by LEP buffers (Fig. 12 component).
+  int64_t lep_bytes() const;
+  /// Bytes of codec state (lowrank's warm-start Q of both directions; Fig. 12 "P/Q buffers").
+  int64_t codec_state_bytes() const;
+
+  const PipelineCodecStats& stats() const { return stats_; }
+  void reset_stats() { stats_ = {}; }
+
+  /// Fig. 11 diagnostic; call begin_step() before each step and orthogonality() after it.
+  void enable_orthogonality_check(bool on) { check_orth_ = on; }
+  void begin_step();
+  OrthogonalityRecord orthogonality() const;
+
+  /// Sender state: codec states (lowrank Q, generator) and LEP buffers, for checkpoints (BR-03).
+  /// After expect_messages(), load() checks every saved state tensor against expected_state() and
+  /// throws StateMismatch (a std::invalid_argument) naming the first one that this run would not
+  /// keep, or keep with another shape (the codec is then unusable: do not start the run).
+  void save(torch::serialize::OutputArchive& archive) const;
+  void load(torch::serialize::InputArchive& archive);
+
+  /// The messages this rank will encode: the flat slice length of its forward and of its backward
+  /// sends (N/t with TP scatter-gather, else N; 0 when the stage sends none that way) and the
+  /// micro-batches per step. Declared by the owner before load().
+  void expect_messages(int64_t forward_slice, int64_t backward_slice, int64_t microbatches);
+  /// The state this codec keeps for those messages, by name: "forward.q" / "backward.q" (the
+  /// codec's ActCodec::state_for, e.g. lowrank's Q [cols, r]), "lep" (kLazy) or "lep.<mb>"
+  /// (kPerMicrobatch, mb < microbatches), each [backward_slice]. Empty before expect_messages().
+  std::vector<TensorSpec> expected_state() const;
+
+  /// A copy for messages that must not touch this codec (evaluation): the same options and
+  /// expected messages, its own copies of the codec states and LEP buffers, zero stats, no
+  /// diagnostics. Encoding with the copy leaves this codec bit-identical.
+  std::shared_ptr<PipelineCodec> fork() const;
+
+  BackwardPhases phases() const { return phases_; }
+  LepMode lep() const { return lep_; }
+
+ private:
+  const ActCodec* codec_for(const P2PMessage& msg, const P2PCall& call) const;
+  std::vector<TensorSpec> held_state() const;  // named as in expected_state()
+  void check_loaded_state() const;             // held vs expected; StateMismatch
+  struct Messages {
+    int64_t forward_slice = 0, backward_slice = 0, microbatches = 0;
+  };
+
+  std::unique_ptr<ActCodec> forward_;   // null = identity
+  std::unique_ptr<ActCodec> backward_;  // null = identity
+  BackwardPhases phases_;
+  LepMode lep_;
+  std::map<int, torch::Tensor> lep_buffers_;  // kLazy: key 0 only; kPerMicrobatch: per mb
+  PipelineCodecStats stats_;
+  bool check_orth_ = false;
+  std::map<int, torch::Tensor> orth_acts_;    // mb -> received activation slice (copy)
+  std::map<int, torch::Tensor> orth_errors_;  // mb -> LEP error after its compressed send (copy)
+  std::optional<Messages> expected_;          // expect_messages()
+};
+
+}  // namespace optcc

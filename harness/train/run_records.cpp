@@ -1,0 +1,272 @@
+// Per-step records of a training run (see run_records.h).
+#include "harness/train/run_records.h"
+
+#include <sys/resource.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace optcc {
+
+Perplexity perplexity(double loss) {
+  if (std::isnan(loss)) return {loss, false};  // std::min(cap, NaN) would return the cap
+  const bool capped = loss > kPerplexityLossCap;
+  return {std::exp(capped ? kPerplexityLossCap : loss), capped};
+}
+
+std::string eval_text(double loss, const Perplexity& ppl) {
+  return fmt::format("valid loss {:.4f} | ppl {}{:.2f}{}", loss, ppl.capped ? "> " : "", ppl.value,
+                     ppl.capped ? " (capped)" : "");
+}
+
+namespace {
+
+// Loss curves, traffic and peak RSS.
+std::vector<TableSpec> step_tables() {
+  return {
+      {"train",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"loss", ColumnType::kFloat64, "nats"},
+        {"lr", ColumnType::kFloat64, ""},
+        {"grad_norm", ColumnType::kFloat64, ""},
+        {"step_seconds", ColumnType::kFloat64, "s"},
+        {"tokens_per_second", ColumnType::kFloat64, "tokens/s"}}},
+      // ppl = exp(min(loss, 20)); ppl_capped = 1 where the loss exceeded the cap (ppl is then a lower
+      // bound); a NaN loss has a NaN ppl.
+      {"eval",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"loss", ColumnType::kFloat64, "nats"},
+        {"ppl", ColumnType::kFloat64, ""},
+        {"ppl_capped", ColumnType::kInt64, ""}}},
+      // One row per (step, rank, class, link) with traffic in that step. class: 0 tp, 1 pp_fwd,
+      // 2 pp_bwd, 3 dp, 4 embedding, 5 control; link: 0 intra-node, 1 inter-node.
+      {"traffic",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"class", ColumnType::kInt64, ""},
+        {"link", ColumnType::kInt64, ""},
+        {"bytes", ColumnType::kInt64, "bytes"},
+        {"calls", ColumnType::kInt64, ""},
+        {"seconds", ColumnType::kFloat64, "s"}}},
+      {"memory", {{"step", ColumnType::kInt64, "steps"}, {"rank", ColumnType::kInt64, ""}, {"peak_rss_bytes", ColumnType::kInt64, "bytes"}}},
+  };
+}
+
+// What the DP reducers and the pipeline codec did.
+std::vector<TableSpec> compression_tables() {
+  return {
+      // BR-04: one row per (step, rank, DP tensor): raw vs. handed-to-collective bytes. `tensor`
+      // indexes the root attribute dp_tensor_names[rank]; matrix_rank is PowerSGD's effective rank.
+      {"dp_tensors",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"tensor", ColumnType::kInt64, ""},
+        {"raw_bytes", ColumnType::kInt64, "bytes"},
+        {"sent_bytes", ColumnType::kInt64, "bytes"},
+        {"compressed", ColumnType::kInt64, ""},
+        {"matrix_rank", ColumnType::kInt64, ""}}},
+      // Pipeline codec per (step, rank): messages this rank sent and their bytes before/after.
+      {"pipeline_codec",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"backward_sends", ColumnType::kInt64, ""},
+        {"backward_compressed", ColumnType::kInt64, ""},
+        {"backward_raw_bytes", ColumnType::kInt64, "bytes"},
+        {"backward_wire_bytes", ColumnType::kInt64, "bytes"},
+        {"forward_raw_bytes", ColumnType::kInt64, "bytes"},
+        {"forward_wire_bytes", ColumnType::kInt64, "bytes"},
+        {"encode_seconds", ColumnType::kFloat64, "s"},
+        {"decode_seconds", ColumnType::kFloat64, "s"},
+        {"lep_bytes", ColumnType::kInt64, "bytes"}}},
+  };
+}
+
+// Memory by component, LEP orthogonality (Fig. 11), per-rank timing.
+std::vector<TableSpec> component_tables() {
+  return {
+      // Fig. 12 (spec §8.3): tensor memory per (step, rank) by component, bytes. activations_peak
+      // is the tracked peak during the pipeline schedule above the memory held when it started;
+      // tracked_peak the peak of all tensor memory over the step (memory_tracker.h).
+      {"memory_components",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"parameters", ColumnType::kInt64, "bytes"},
+        {"gradients", ColumnType::kInt64, "bytes"},
+        {"optimizer", ColumnType::kInt64, "bytes"},
+        {"activations_peak", ColumnType::kInt64, "bytes"},
+        {"lep_buffers", ColumnType::kInt64, "bytes"},
+        {"ef_buffers", ColumnType::kInt64, "bytes"},
+        {"pq_buffers", ColumnType::kInt64, "bytes"},
+        {"tracked_peak", ColumnType::kInt64, "bytes"}}},
+      // Fig. 11 (spec §3.3), when log.lep_orthogonality is on: one row per (step, rank, j).
+      {"lep_orthogonality",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"microbatch", ColumnType::kInt64, ""},
+        {"cosine", ColumnType::kFloat64, ""},
+        {"error_mean", ColumnType::kFloat64, ""},
+        {"delta_mean", ColumnType::kFloat64, ""}}},
+      // Every rank's own timing of each step (BR-19): its pipeline schedule, then the whole step.
+      {"timing",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"pipeline_seconds", ColumnType::kFloat64, "s"},
+        {"step_seconds", ColumnType::kFloat64, "s"}}},
+  };
+}
+
+}  // namespace
+
+std::vector<TableSpec> result_tables() {
+  std::vector<TableSpec> out;
+  for (auto part : {step_tables(), compression_tables(), component_tables()}) {
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<int64_t>(u.ru_maxrss) * 1024;
+}
+
+namespace {
+
+// Where each part sits in a rank's row of the per-step all-gather (doubles).
+struct RecordLayout {
+  static constexpr int kPer = 3;    // bytes, calls, seconds per (class, link)
+  static constexpr int kCodec = 9;  // pipeline codec stats
+  int64_t traffic_width = 0, tensors_at = 0, codec_at = 0, orth_at = 0, memory_at = 0, width = 0;
+  explicit RecordLayout(const StepExtras& x)
+      : traffic_width(kNumTraffic * 2 * kPer),
+        tensors_at(traffic_width + 3),
+        codec_at(tensors_at + 1 + 4 * x.max_dp_tensors),
+        orth_at(codec_at + kCodec),
+        memory_at(orth_at + 1 + 4 * x.max_orth_pairs),
+        width(memory_at + kMemoryComponents) {}
+};
+
+// This rank's traffic of the step, peak RSS and timings.
+void pack_traffic(at::TensorAccessor<double, 1>& a, const RecordLayout& lay, Distributed& d, double pipeline_seconds,
+                  double step_seconds) {
+  for (int c = 0; c < kNumTraffic; ++c) {
+    for (int l = 0; l < 2; ++l) {
+      const auto& t = d.meter.at(static_cast<Traffic>(c), static_cast<Link>(l));
+      const int64_t i = (c * 2 + l) * RecordLayout::kPer;
+      a[i] = static_cast<double>(t.bytes), a[i + 1] = static_cast<double>(t.calls), a[i + 2] = t.seconds;
+    }
+  }
+  a[lay.traffic_width] = static_cast<double>(peak_rss_bytes());
+  a[lay.traffic_width + 1] = pipeline_seconds;
+  a[lay.traffic_width + 2] = step_seconds;
+}
+
+// DP tensor records; the pipeline codec's stats (then reset) and LEP orthogonality records.
+void pack_compression(at::TensorAccessor<double, 1>& a, const RecordLayout& lay, const StepExtras& x) {
+  if (x.dp_reducer) {
+    const auto& recs = x.dp_reducer->records();
+    a[lay.tensors_at] = static_cast<double>(recs.size());
+    for (size_t i = 0; i < recs.size() && static_cast<int64_t>(i) < x.max_dp_tensors; ++i) {
+      const int64_t o = lay.tensors_at + 1 + 4 * static_cast<int64_t>(i);
+      a[o] = static_cast<double>(recs[i].raw_bytes), a[o + 1] = static_cast<double>(recs[i].sent_bytes);
+      a[o + 2] = recs[i].compressed ? 1 : 0, a[o + 3] = static_cast<double>(recs[i].rank);
+    }
+  }
+  if (!x.codec) return;
+  const auto& st = x.codec->stats();
+  const double v[RecordLayout::kCodec] = {
+      static_cast<double>(st.backward_sends), static_cast<double>(st.backward_compressed),
+      static_cast<double>(st.backward_raw_bytes), static_cast<double>(st.backward_wire_bytes),
+      static_cast<double>(st.forward_raw_bytes), static_cast<double>(st.forward_wire_bytes),
+      st.encode_seconds, st.decode_seconds, static_cast<double>(x.codec->lep_bytes())};
+  for (int i = 0; i < RecordLayout::kCodec; ++i) a[lay.codec_at + i] = v[i];
+  x.codec->reset_stats();
+  if (x.max_orth_pairs > 0) {
+    const auto orth = x.codec->orthogonality();
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(orth.cosine.size()), x.max_orth_pairs);
+    a[lay.orth_at] = static_cast<double>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t o = lay.orth_at + 1 + 4 * i;
+      a[o] = orth.microbatch[i], a[o + 1] = orth.cosine[i], a[o + 2] = orth.error_mean[i], a[o + 3] = orth.delta_mean[i];
+    }
+  }
+}
+
+// Rank r's rows of the step, from its gathered row g.
+void append_rank_rows(MetricsSink& sink, int64_t step, int64_t r, at::TensorAccessor<double, 1> g,
+                      const RecordLayout& lay) {
+  auto i64 = [](double v) { return static_cast<int64_t>(v); };
+  for (int c = 0; c < kNumTraffic; ++c) {
+    for (int l = 0; l < 2; ++l) {
+      const int64_t i = (c * 2 + l) * RecordLayout::kPer;
+      if (g[i + 1] == 0) continue;
+      sink.append("traffic", {step, r, int64_t{c}, int64_t{l}, i64(g[i]), i64(g[i + 1]), g[i + 2]});
+    }
+  }
+  sink.append("memory", {step, r, i64(g[lay.traffic_width])});
+  sink.append("timing", {step, r, g[lay.traffic_width + 1], g[lay.traffic_width + 2]});
+  for (int64_t i = 0; i < i64(g[lay.tensors_at]); ++i) {
+    const int64_t o = lay.tensors_at + 1 + 4 * i;
+    sink.append("dp_tensors", {step, r, i, i64(g[o]), i64(g[o + 1]), i64(g[o + 2]), i64(g[o + 3])});
+  }
+  const int64_t k = lay.codec_at;
+  if (g[k] > 0 || g[k + 5] > 0) {
+    sink.append("pipeline_codec", {step, r, i64(g[k]), i64(g[k + 1]), i64(g[k + 2]), i64(g[k + 3]), i64(g[k + 4]),
+                                   i64(g[k + 5]), g[k + 6], g[k + 7], i64(g[k + 8])});
+  }
+  std::vector<Cell> mem{step, r};
+  for (int i = 0; i < kMemoryComponents; ++i) mem.push_back(i64(g[lay.memory_at + i]));
+  sink.append("memory_components", mem);
+  for (int64_t i = 0; i < i64(g[lay.orth_at]); ++i) {
+    const int64_t o = lay.orth_at + 1 + 4 * i;
+    sink.append("lep_orthogonality", {step, r, i64(g[o]), g[o + 1], g[o + 2], g[o + 3]});
+  }
+}
+
+}  // namespace
+
+// Per-rank rows of one step besides traffic: compression records (fixed widths agreed at start).
+// Gathers every rank's traffic of this step, peak memory, timings and compression records to all
+// ranks with one all-gather; rank 0 writes.
+void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double pipeline_seconds, double step_seconds,
+                       const StepExtras& x) {
+  const RecordLayout lay(x);
+  auto mine = torch::zeros({lay.width}, torch::kDouble);
+  auto a = mine.accessor<double, 1>();
+  pack_traffic(a, lay, d, pipeline_seconds, step_seconds);
+  pack_compression(a, lay, x);
+  for (int i = 0; i < kMemoryComponents; ++i) a[lay.memory_at + i] = static_cast<double>(x.memory[i]);
+  d.meter.reset();
+  auto all = d.world->all_gather(mine.unsqueeze(0), Traffic::kControl, 0);  // [world, width]
+  if (!sink) return;
+  auto g = all.accessor<double, 2>();
+  for (int64_t r = 0; r < all.size(0); ++r) append_rank_rows(*sink, step, r, g[r], lay);
+}
+
+// Every rank's strings (e.g. DP tensor names) on every rank, in rank order.
+std::vector<std::vector<std::string>> gather_names(Distributed& d, const std::vector<std::string>& names) {
+  std::string joined;
+  for (const auto& n : names) joined += n + "\n";
+  auto len = torch::tensor({static_cast<int64_t>(joined.size())}, torch::kLong);
+  d.world->all_reduce(len, Traffic::kControl, /*max=*/true);
+  auto buf = torch::zeros({len.item<int64_t>() + 1}, torch::kUInt8);
+  std::memcpy(buf.data_ptr(), joined.data(), joined.size());
+  auto all = d.world->all_gather(buf.unsqueeze(0), Traffic::kControl, 0).contiguous();
+  std::vector<std::vector<std::string>> out(all.size(0));
+  for (int64_t r = 0; r < all.size(0); ++r) {
+    const char* p = reinterpret_cast<const char*>(all[r].data_ptr<uint8_t>());
+    std::string s(p, strnlen(p, static_cast<size_t>(all.size(1))));
+    size_t start = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s[i] == '\n') out[r].push_back(s.substr(start, i - start)), start = i + 1;
+    }
+  }
+  return out;
+}
+
+// Forward-only pass over the validation micro-batches through the pipeline; mean loss on all ranks.
+}  // namespace optcc

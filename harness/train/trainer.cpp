@@ -1,0 +1,684 @@
+#include "harness/train/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "datasets/gpt_dataset.h"
+#include "datasets/indexed_dataset.h"
+#include "compression/act_codec.h"
+#include "compression/grad_reducer.h"
+#include "harness/records/checkpoint.h"
+#include "harness/train/data_loader.h"
+#include "harness/parallel/distributed.h"
+#include "harness/train/grad_sync.h"
+#include "harness/records/memory_tracker.h"
+#include "harness/records/metrics.h"
+#include "harness/train/optimizer.h"
+#include "harness/train/pipeline_codec.h"
+#include "harness/parallel/pipeline_runner.h"
+#include "harness/records/run_info.h"
+#include "harness/train/run_records.h"
+#include "harness/parallel/stage_link.h"
+#include "harness/parallel/threads.h"
+
+namespace optcc {
+namespace fs = std::filesystem;
+
+// What the pipeline runner calls on this rank: embed on the first stage, this stage's blocks, the
+// loss on the last stage. Micro-batch data is loaded before each step by the stages that need it.
+class GptStageFunctions final : public StageFunctions {
+ public:
+  GptStageFunctions(GptModel& model, int64_t microbatches) : model_(model), m_(microbatches) {}
+  std::vector<torch::Tensor> batches;  // [b, s + 1] per micro-batch (first and last stage)
+
+  torch::Tensor forward(int mb, const torch::Tensor& input) override {
+    const auto& st = model_->stage();
+    torch::Tensor x;
+    if (st.is_first || st.is_last) TORCH_CHECK(mb < static_cast<int>(batches.size()), "no data for micro-batch ", mb);
+    const int64_t s = st.is_first || st.is_last ? batches[mb].size(1) - 1 : 0;
+    x = st.is_first ? model_->embed(batches[mb].narrow(1, 0, s)) : input;
+    x = model_->run_layers(x);
+    if (!st.is_last) return x;
+    return model_->head_loss(x, batches[mb].narrow(1, 1, s)) / static_cast<double>(m_);
+  }
+
+ private:
+  GptModel& model_;
+  int64_t m_;
+};
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string format_eta(double seconds) {
+  const auto s = static_cast<int64_t>(std::max(0.0, seconds));
+  return fmt::format("{:02d}:{:02d}:{:02d}", s / 3600, (s / 60) % 60, s % 60);
+}
+
+RunData open_data(const Config& c) {
+  const std::string prefix = c.data.prefix;
+  if (!fs::exists(prefix + ".idx") || !fs::exists(prefix + ".bin")) {
+    throw std::runtime_error(fmt::format(
+        "data error: the indexed dataset {}.bin/.idx (data.prefix) does not exist. Fix: run "
+        "`optcc data fetch --config {}` and `optcc data prepare --config {}` first.",
+        prefix, c.source_path, c.source_path));
+  }
+  auto indexed = std::make_shared<const data::IndexedDataset>(prefix);
+  const data::DatasetVocab vocab = data::dataset_vocab(*indexed);  // .json, or one scan of the .bin
+  check_dataset_vocab(c, vocab.min_token_id, vocab.max_token_id, vocab.vocab_size);
+  const auto splits = data::split_documents(indexed->num_documents(), c.data.split);
+  const std::string cache = (fs::path(c.data.dir) / "cache").string();
+  const auto seed = static_cast<uint64_t>(c.train.seed);
+  RunData d;
+  d.train = std::make_shared<const data::GptDataset>(
+      indexed, splits[0],
+      data::GptDatasetOptions{c.model.seq_len, c.train.train_steps * c.train.global_batch_size, seed, cache, "train"});
+  if (splits[1].end_doc > splits[1].begin_doc) {
+    d.valid = std::make_shared<const data::GptDataset>(
+        indexed, splits[1],
+        data::GptDatasetOptions{c.model.seq_len, c.train.eval_iters * c.train.micro_batch_size * c.parallel.dp, seed,
+                                cache, "valid"});
+  }
+  return d;
+}
+
+StageRange stage_range(const Config& c, int stage) {
+  const auto counts = c.stage_layer_counts();
+  StageRange r;
+  for (int k = 0; k < stage; ++k) r.first_layer += counts[k];
+  r.num_layers = counts[stage];
+  r.is_first = stage == 0;
+  r.is_last = stage == c.parallel.pp - 1;
+  return r;
+}
+
+// Evaluation never touches training state. Its pipeline messages go through a fork of the
+// training codec (PipelineCodec::fork: the same options and a copy of the current warm-start Q /
+// LEP buffers), so it measures the model with the compression training would apply at this step,
+// and the training codec (its Q, generators, LEP buffers, stats, Fig. 11 records) is left as it
+// was; each evaluation forks afresh, so its value does not depend on earlier evaluations. Dropout is
+// off (eval mode); the default CPU and attention generators are restored all the same. Its data
+// come from its own loader over the validation split; DP reducers are not used.
+double validation_loss(GptModel& model, const Config& c, Distributed& d, const PipelineCodec& codec,
+                const std::vector<int64_t>& act_shape, const data::GptDataset* valid) {
+  torch::NoGradGuard no_grad;
+  StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape}, torch::kFloat, codec.fork());
+  auto cpu_gen = at::detail::getDefaultCPUGenerator();
+  const torch::Tensor cpu_state = cpu_gen.get_state(), attention_state = model->attention_generator().get_state();
+  model->eval();
+  const auto& st = model->stage();
+  std::unique_ptr<BatchLoader> loader;
+  if (valid && (st.is_first || st.is_last)) {
+    loader = std::make_unique<BatchLoader>(std::shared_ptr<const data::GptDataset>(valid, [](auto*) {}), c.model.seq_len,
+                                           c.train.micro_batch_size, d.coord().dp, c.parallel.dp);
+  }
+  double sum = 0.0;
+  for (int mb = 0; mb < c.train.eval_iters; ++mb) {
+    torch::Tensor batch = loader ? loader->next() : torch::Tensor();
+    const int64_t s = c.model.seq_len;
+    auto x = st.is_first ? model->embed(batch.narrow(1, 0, s)) : link.recv_forward(mb);
+    x = model->run_layers(x);
+    if (st.is_last) {
+      sum += model->head_loss(x, batch.narrow(1, 1, s)).item<double>();
+    } else {
+      link.send_forward(x, mb);
+    }
+  }
+  model->train();
+  cpu_gen.set_state(cpu_state);
+  model->attention_generator().set_state(attention_state);
+  // Average over micro-batches and data-parallel replicas; known on every rank.
+  const bool reporter = st.is_last && d.coord().tp == 0;
+  auto t = torch::tensor({reporter ? sum / c.train.eval_iters / c.parallel.dp : 0.0}, torch::kDouble);
+  d.world->all_reduce(t, Traffic::kControl);
+  return t.item<double>();
+}
+
+// The checkpoint this run resumes from (nullopt: step 0), by TrainOptions' rules; before any work.
+std::optional<std::string> resume_point(const Config& c, const TrainOptions& o) {
+  if (o.resume) {
+    if (!find_checkpoint(*o.resume)) {
+      throw std::runtime_error(fmt::format(
+          "--resume {}: no checkpoint there (no `latest` file, no rank_00000.pt). Fix: point --resume at a "
+          "checkpoint.dir or one of its iter_NNNNNNN directories, or pass --resume auto, which starts at step 0 "
+          "when checkpoint.dir holds no checkpoint.",
+          *o.resume));
+    }
+    return o.resume;
+  }
+  const std::string dir = c.checkpoint_dir();
+  const auto found = find_checkpoint(dir);
+  if (found && !o.resume_auto) {
+    throw std::runtime_error(fmt::format(
+        "checkpoint.dir {} already holds a checkpoint ({}) of run '{}'; starting again at step 0 would mix two "
+        "runs there. Fix: pass --resume auto (or --resume) to continue from it, or give this run its own "
+        "log.run_name or checkpoint.dir, or remove {} to start over (results files are never overwritten).",
+        dir, fs::path(*found).filename().string(), c.run_name(), dir));
+  }
+  return found;
+}
+
+// <log.dir>/<run>[.resumed-<step>].h5, or the first free <that>.attempt-<n>.h5 (n = 2, 3, ...) when it
+// exists: an earlier attempt's results are never overwritten (the sink creates exclusively).
+std::unique_ptr<Hdf5MetricsSink> create_results(const Config& c, int64_t first_step,
+                                                const std::map<std::string, std::string>& attrs, bool quiet) {
+  fs::create_directories(c.log.dir);
+  std::string base = c.run_name();
+  if (first_step > 0) base += fmt::format(".resumed-{}", first_step);
+  const auto path = [&](int n) {
+    return (fs::path(c.log.dir) / (n == 1 ? base + ".h5" : fmt::format("{}.attempt-{}.h5", base, n))).string();
+  };
+  for (int n = 1;; ++n) {
+    try {
+      auto sink = std::make_unique<Hdf5MetricsSink>(path(n), attrs, result_tables());
+      if (n > 1 && !quiet) {
+        spdlog::warn("{} exists (an earlier attempt's results, kept): this run writes {}", path(1), sink->path());
+      }
+      return sink;
+    } catch (const ResultsFileExists&) {
+      if (n >= 10000) throw;
+    }
+  }
+}
+
+std::string stage_layers_text(const Config& c) {
+  std::string out;
+  int64_t first = 0;
+  for (auto n : c.stage_layer_counts()) {
+    out += fmt::format("{}[{}, {})", out.empty() ? "" : " ", first, first + n);
+    first += n;
+  }
+  return out;
+}
+
+}  // namespace
+
+GptOptions gpt_options(const Config& c) {
+  GptOptions o;
+  o.num_layers = c.model.num_layers;
+  o.hidden_size = c.model.hidden_size;
+  o.num_heads = c.model.num_heads;
+  o.seq_len = c.model.seq_len;
+  o.max_positions = c.model.max_position_embeddings > 0 ? c.model.max_position_embeddings : c.model.seq_len;
+  o.vocab_size = c.model.vocab_size;
+  o.padded_vocab_size = c.padded_vocab_size();
+  o.hidden_dropout = c.model.hidden_dropout;
+  o.attention_dropout = c.model.attention_dropout;
+  o.init_std = c.model.init_std;
+  o.seed = static_cast<uint64_t>(c.train.seed);
+  return o;
+}
+
+int64_t threads_for(const Config& cfg, int64_t local_ranks) {
+  if (cfg.train.threads > 0) return cfg.train.threads;
+  const int64_t hw = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  return std::max<int64_t>(1, hw / std::max<int64_t>(1, local_ranks));
+}
+
+TrainSummary run_training(Config cfg, const TrainOptions& options) {
+  const LaunchEnv env = detect_launch_env(process_env(), this_hostname());
+  const ParallelDims dims{static_cast<int>(cfg.parallel.tp), static_cast<int>(cfg.parallel.pp),
+                          static_cast<int>(cfg.parallel.dp)};
+  cfg.validate_layout(env.world_size);
+  const int per_node = cfg.parallel.ranks_per_node > 0 ? static_cast<int>(cfg.parallel.ranks_per_node) : env.local_world_size;
+  auto dist = init_distributed(dims, per_node, env,
+                               std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000)));
+  return run_training(std::move(cfg), options, *dist);
+}
+
+namespace {
+
+// SC `auto` (spec §6.5): one calibration step before training decides which stages compress.
+struct ScChoice {
+  std::vector<bool> compress;           // [stages]
+  std::vector<double> end, raw, comp0;  // per stage: schedule end after a common barrier, raw DP
+                                        // all-reduce time, stage 0's compressed time (s)
+};
+
+ScChoice calibrate_sc_auto(const Config& cfg, Distributed& d, GptModel& model, const PipelineSchedule& pipeline,
+                           GptStageFunctions& fn, const std::vector<int64_t>& act_shape, int64_t m,
+                           const RunData& data) {
+  const RankCoord coord = d.coord();
+  const int stages = static_cast<int>(cfg.parallel.pp);
+  // Nothing of the run may change: generators are restored, the data position is not advanced,
+  // the pipeline codec (LEP, Q) is not used (an uncompressed link), no optimizer step.
+  auto cpu_gen = at::detail::getDefaultCPUGenerator();
+  const torch::Tensor cpu_state = cpu_gen.get_state();
+  const torch::Tensor attention_state = model->attention_generator().get_state();
+  fn.batches.clear();
+  if (model->stage().is_first || model->stage().is_last) {
+    BatchLoader calib(data.train, cfg.model.seq_len, cfg.train.micro_batch_size, coord.dp, cfg.parallel.dp, 0);
+    for (int64_t i = 0; i < m; ++i) fn.batches.push_back(calib.next());
+  }
+  StageLink plain(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape});
+  auto params = model->parameters();
+  for (auto& p : params) p.mutable_grad() = torch::Tensor();
+  d.world->barrier();
+  const auto t0 = Clock::now();
+  run_pipeline_step(pipeline, fn, plain, static_cast<int>(m));
+  const double end = std::chrono::duration<double>(Clock::now() - t0).count();
+  auto grads = ensure_grads(params);
+  std::vector<torch::Tensor> copy;
+  for (const auto& g : grads) copy.push_back(g.clone());
+  Registry<GradReducer> registry;
+  register_builtin_grad_reducers(registry);
+  auto timed = [&](const std::string& name, const YAML::Node& options) {
+    auto reducer = registry.create(name, options);
+    std::vector<torch::Tensor> work;
+    for (const auto& g : copy) work.push_back(g.clone());
+    d.dp->barrier();
+    const auto t = Clock::now();
+    reducer->reduce(work, *d.dp, 0);
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  };
+  const double raw = d.dp->size() > 1 ? timed("none", YAML::Node()) : 0.0;
+  const double comp = d.dp->size() > 1 && coord.pp == 0 ? timed(cfg.compression.dp.name, cfg.compression.dp.options) : 0.0;
+  for (auto& p : params) p.mutable_grad() = torch::Tensor();
+  fn.batches.clear();
+  cpu_gen.set_state(cpu_state);
+  model->attention_generator().set_state(attention_state);
+  auto mine = torch::tensor({static_cast<double>(coord.pp), end, raw, comp}, torch::kDouble);
+  auto all = d.world->all_gather(mine.unsqueeze(0), Traffic::kControl, 0);
+  d.meter.reset();
+  ScChoice c;
+  c.end.assign(stages, 0.0), c.raw.assign(stages, 0.0), c.comp0.assign(stages, 0.0);
+  auto a = all.accessor<double, 2>();
+  for (int64_t r = 0; r < all.size(0); ++r) {  // per stage, the slowest of its ranks
+    const int k = static_cast<int>(a[r][0]);
+    c.end[k] = std::max(c.end[k], a[r][1]), c.raw[k] = std::max(c.raw[k], a[r][2]);
+    c.comp0[k] = std::max(c.comp0[k], a[r][3]);
+  }
+  c.compress.assign(stages, false);
+  for (int k = 0; k < stages; ++k) {  // compress k iff its raw all-reduce ends after stage 0's compressed one
+    c.compress[k] = c.end[k] + c.raw[k] > c.end[0] + c.comp0[0];
+  }
+  return c;
+}
+
+// Which stages compress DP gradients (SC), for the log and results: "c,c,raw" or "all raw".
+std::string sc_stages_text(const Config& cfg, const std::vector<bool>& sc_compress) {
+  if (cfg.compression.dp.name == "none") return std::string("all raw");
+  std::string out;
+  for (size_t k = 0; k < sc_compress.size(); ++k) out += fmt::format("{}{}", out.empty() ? "" : ",", sc_compress[k] ? "c" : "raw");
+  return out;
+}
+
+int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+
+// Adam's moments (and max moment with amsgrad), bytes.
+int64_t optimizer_state_bytes(torch::optim::AdamW& opt) {
+  int64_t n = 0;
+  for (const auto& [key, state] : opt.state()) {
+    if (const auto* s = dynamic_cast<const torch::optim::AdamWParamState*>(state.get())) {
+      n += bytes_of(s->exp_avg()) + bytes_of(s->exp_avg_sq()) + bytes_of(s->max_exp_avg_sq());
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+// ---- Trainer: assembly -------------------------------------------------------------------------
+
+namespace {
+
+Config validated(Config cfg, const Distributed& d) {
+  resolve_vocab(cfg);  // before validate, to_yaml and gpt_options
+  cfg.validate(d.env.world_size);
+  return cfg;
+}
+
+}  // namespace
+
+struct Trainer::StepResult {
+  double lr = 0.0;
+  double grad_norm = 0.0;
+  double loss = 0.0;     // nats, averaged over DP replicas
+  double seconds = 0.0;  // the step, before its records
+};
+
+Trainer::Trainer(Config cfg, const TrainOptions& options, Distributed& d)
+    : d_(d),
+      options_(options),
+      memory_(std::make_shared<MemoryTracker>()),
+      memory_guard_(MemoryTracker::install(memory_)),  // before the model exists
+      cfg_(validated(std::move(cfg), d)) {
+  set_up();
+  build_model_and_optimizer();
+  build_pipeline();
+  build_gradient_sync();
+  build_checkpoint_parts();
+  resume();
+  build_records();
+  log_start();
+}
+
+Trainer::~Trainer() = default;
+
+// Resume point, log level, threads, the seed (before the model draws its initial weights).
+void Trainer::set_up() {
+  resume_from_ = resume_point(cfg_, options_);
+  writer_ = d_.rank() == 0;
+  quiet_ = options_.quiet || !writer_;
+  spdlog::set_level(spdlog::level::from_str(cfg_.log.level));
+  set_cpu_threads(threads_for(cfg_, d_.env.local_world_size));
+  torch::manual_seed(static_cast<uint64_t>(cfg_.train.seed));
+  coord_ = d_.coord();
+  stages_ = static_cast<int>(cfg_.parallel.pp);
+  range_ = stage_range(cfg_, coord_.pp);
+  m_ = cfg_.num_micro_batches();
+  act_shape_ = {cfg_.model.seq_len, cfg_.train.micro_batch_size, cfg_.model.hidden_size};
+}
+
+void Trainer::build_model_and_optimizer() {
+  data_ = open_data(cfg_);  // every rank: middle stages need the split sizes only
+  model_ = GptModel(gpt_options(cfg_), d_.tp.get(), range_);
+  model_->train();
+  optimizer_ = make_adamw(*model_, cfg_.train);
+  lr_ = LrSchedule::from(cfg_.train);
+  layout_ = CheckpointLayout{cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.dp, d_.rank()};
+  config_yaml_ = to_yaml(cfg_);
+}
+
+// Pipeline messages: CB / LEP / epilogue-only and forward codecs (pipeline_codec.h), the link
+// between stages, cast-on-the-wire TP all-reduces, the schedule and this stage's functions.
+void Trainer::build_pipeline() {
+  const auto& comp = cfg_.compression;
+  codec_ = std::make_shared<PipelineCodec>(
+      make_act_codec(comp.pipeline_forward.name, pipeline_codec_options(cfg_, comp.pipeline_forward)),
+      make_act_codec(comp.pipeline_backward.name, pipeline_codec_options(cfg_, comp.pipeline_backward)),
+      parse_backward_phases(comp.backward_phases), parse_lep_mode(comp.lep));
+  codec_->enable_orthogonality_check(cfg_.log.lep_orthogonality && range_.is_last && stages_ > 1);
+  link_ = std::make_unique<StageLink>(*d_.pp, d_.tp.get(), StageLinkShapes{act_shape_, act_shape_}, torch::kFloat,
+                                      codec_);
+  if (comp.tp.name != "none" && d_.tp) {  // before SC's calibration step and evaluation (TP all-reduces)
+    d_.tp->set_all_reduce_wire_dtype(Traffic::kTensorParallel, comp.tp.name == "fp16" ? torch::kHalf : torch::kBFloat16);
+  }
+  pipeline_ = make_schedule(cfg_.parallel.schedule);
+  stage_fn_ = std::make_unique<GptStageFunctions>(model_, m_);
+}
+
+// SC: which stages compress their DP gradients (dp_stages: all | way | auto), then DP gradients
+// and the tied-embedding sync (baseline pair or FE).
+void Trainer::build_gradient_sync() {
+  sc_compress_.assign(stages_, false);
+  if (sc_way(cfg_) >= 0) {
+    for (int k = 0; k < stages_; ++k) sc_compress_[k] = k < sc_way(cfg_);
+  } else {
+    choose_sc_auto();
+  }
+  if (cfg_.compression.dp.name == "none") sc_compress_.assign(stages_, false);
+  grad_sync_ = std::make_unique<GradientSync>(cfg_, model_, d_.dp.get(), d_.embedding.get(), d_.fused_embedding.get(),
+                                              coord_.pp, static_cast<bool>(sc_compress_[coord_.pp]));
+}
+
+// dp_stages: auto. A resumed run keeps the checkpoint's choice; otherwise one calibration step.
+void Trainer::choose_sc_auto() {
+  std::optional<torch::Tensor> stored;
+  if (resume_from_) stored = read_checkpoint_tensor(*resume_from_, d_.rank(), "sc_auto", "compress");
+  if (stored && stored->numel() == stages_) {
+    for (int k = 0; k < stages_; ++k) sc_compress_[k] = (*stored)[k].item<int64_t>() != 0;
+    sc_auto_text_ = "kept from the checkpoint";
+  } else {
+    const ScChoice c = calibrate_sc_auto(cfg_, d_, model_, *pipeline_, *stage_fn_, act_shape_, m_, data_);
+    sc_compress_ = c.compress;
+    for (int k = 0; k < stages_; ++k) {
+      sc_auto_text_ += fmt::format("{}stage {}: end {:.1f} ms + raw DP {:.1f} ms {} stage 0's end + compressed DP "
+                                   "{:.1f} ms -> {}",
+                                   k ? "; " : "", k, 1e3 * c.end[k], 1e3 * c.raw[k],
+                                   c.compress[k] ? ">" : "<=", 1e3 * (c.end[0] + c.comp0[0]),
+                                   c.compress[k] ? "compress" : "raw");
+    }
+  }
+  if (!quiet_) spdlog::info("compression.dp_stages = auto: {}", sc_auto_text_);
+}
+
+// What a checkpoint holds besides model and optimizer, in this order: gradient sync's reducers,
+// SC auto's choice, the pipeline codec.
+void Trainer::build_checkpoint_parts() {
+  const auto& comp = cfg_.compression;
+  checkpoint_parts_ = grad_sync_->checkpoint_parts();
+  if (sc_way(cfg_) < 0) {
+    checkpoint_parts_.push_back({"sc_auto", "auto",
+                                 [sc = sc_compress_](auto& a) {
+                                   std::vector<int64_t> v(sc.begin(), sc.end());
+                                   a.write("compress", torch::tensor(v, torch::kLong));
+                                 },
+                                 [](auto&) {}});  // read before GradientSync, see choose_sc_auto
+  }
+  if (codec_->compresses_backward() || codec_->compresses_forward()) {
+    // The messages this rank encodes, so that loading checks the saved Q / LEP buffers against them.
+    int64_t slice = 1;
+    for (int64_t n : act_shape_) slice *= n;
+    if (link_->scatter_gather(act_shape_)) slice /= cfg_.parallel.tp;
+    codec_->expect_messages(range_.is_last ? 0 : slice, range_.is_first ? 0 : slice, m_);
+    PipelineCodec* c = codec_.get();
+    checkpoint_parts_.push_back({"pipeline_codec",
+                                 fmt::format("fwd={} bwd={} phases={} lep={}", to_yaml_value(comp.pipeline_forward),
+                                             to_yaml_value(comp.pipeline_backward), comp.backward_phases, comp.lep),
+                                 [c](auto& a) { c->save(a); }, [c](auto& a) { c->load(a); }});
+  }
+}
+
+// Model, optimizer, step, data position, generators and every checkpoint part, from resume_from_.
+void Trainer::resume() {
+  if (!resume_from_) return;
+  state_ = load_checkpoint(*resume_from_, *model_, *optimizer_, layout_, {{"attention", model_->attention_generator()}},
+                           checkpoint_parts_);
+  if (!quiet_) {
+    spdlog::info("resumed from {} at step {}{}", *resume_from_, state_.step, options_.resume ? "" : " (--resume auto)");
+  }
+}
+
+// Fixed widths of the per-step record gather and the DP tensor names of every rank (world
+// collectives), the data loader at the resumed position, and the results file (rank 0).
+void Trainer::build_records() {
+  extras_ = std::make_unique<StepExtras>();
+  extras_->dp_reducer = &grad_sync_->dp_reducer();
+  extras_->codec = codec_.get();
+  auto n = torch::tensor({static_cast<int64_t>(grad_sync_->dp_tensor_names().size())}, torch::kLong);
+  d_.world->all_reduce(n, Traffic::kControl, /*max=*/true);
+  extras_->max_dp_tensors = n.item<int64_t>();
+  extras_->max_orth_pairs = cfg_.log.lep_orthogonality ? std::max<int64_t>(0, m_ - 1) : 0;
+  all_dp_names_ = gather_names(d_, grad_sync_->dp_tensor_names());
+  sc_stages_ = sc_stages_text(cfg_, sc_compress_);
+  if (range_.is_first || range_.is_last) {  // the stages that load micro-batches
+    loader_ = std::make_unique<BatchLoader>(data_.train, cfg_.model.seq_len, cfg_.train.micro_batch_size, coord_.dp,
+                                            cfg_.parallel.dp, state_.consumed_samples);
+  }
+  summary_.first_step = state_.step;
+  if (writer_) {
+    sink_ = create_results(cfg_, state_.step, result_attributes(), quiet_);
+    summary_.results_path = sink_->path();
+  }
+  tokens_per_step_ = cfg_.train.global_batch_size * cfg_.model.seq_len;
+}
+
+std::map<std::string, std::string> Trainer::result_attributes() const {
+  const auto& comp = cfg_.compression;
+  auto attrs = run_attributes(options_.command_line);
+  attrs["config"] = config_yaml_;
+  attrs["layout"] = fmt::format("tp={} pp={} dp={}", cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.dp);
+  attrs["rank_table"] = rank_table(d_);
+  attrs["stage_layers"] = stage_layers_text(cfg_);
+  attrs["launcher"] = d_.env.source;
+  attrs["resumed_from_step"] = std::to_string(state_.step);
+  attrs["network_emulation"] = cfg_.network.emulate ? "on" : "off";
+  attrs["compression_dp"] = to_yaml_value(comp.dp);
+  attrs["compression_scheme"] = comp.scheme.empty() ? "(none)" : comp.scheme;
+  attrs["compression_summary"] = fmt::format(
+      "dp={} dp_stages={} [{}] embedding={} fused_embedding={} pipeline_forward={} pipeline_backward={} "
+      "backward_phases={} lep={} tp={}",
+      to_yaml_value(comp.dp), comp.dp_stages, sc_stages_, to_yaml_value(comp.embedding), comp.fused_embedding,
+      to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases, comp.lep,
+      to_yaml_value(comp.tp));
+  // BR-05: which reconstruction the error-feedback residual subtracts, when the reducer has one.
+  attrs["dp_ef_residual"] = comp.dp.options && comp.dp.options["ef_residual"]
+                                ? comp.dp.options["ef_residual"].as<std::string>()
+                                : (comp.dp.name == "powersgd" ? "averaged" : "n/a");
+  attrs["dp_tensor_names"] = nlohmann::json(all_dp_names_).dump();
+  if (!sc_auto_text_.empty()) attrs["sc_auto"] = sc_auto_text_;
+  attrs["traffic_classes"] = "0 tp, 1 pp_fwd, 2 pp_bwd, 3 dp, 4 embedding, 5 control; link 0 intra, 1 inter";
+  return attrs;
+}
+
+void Trainer::log_start() const {
+  if (quiet_) return;
+  const auto& comp = cfg_.compression;
+  spdlog::info("model: {} layers, h={}, heads={}, seq={}, vocab={} (padded {}); layout tp={} pp={} dp={}, stages {}",
+               cfg_.model.num_layers, cfg_.model.hidden_size, cfg_.model.num_heads, cfg_.model.seq_len,
+               cfg_.model.vocab_size, cfg_.padded_vocab_size(), cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.dp,
+               stage_layers_text(cfg_));
+  if (d_.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d_.env.source, rank_table(d_));
+  spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}; results -> {}",
+               cfg_.train.train_steps, cfg_.train.global_batch_size, m_, cfg_.train.micro_batch_size,
+               at::get_num_threads(), summary_.results_path);
+  spdlog::info("compression{}: dp={} (stages c = compressed: [{}]), embedding={}{}, pipeline fwd={} bwd={} ({}, lep {}), tp={}",
+               comp.scheme.empty() ? "" : " (scheme " + comp.scheme + ")", to_yaml_value(comp.dp), sc_stages_,
+               to_yaml_value(comp.embedding), comp.fused_embedding ? " fused (FE)" : "",
+               to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases,
+               comp.lep, to_yaml_value(comp.tp));
+}
+
+// ---- Trainer: the loop -------------------------------------------------------------------------
+
+TrainSummary Trainer::run() {
+  if (state_.step == 0) evaluate(0);  // the untrained model's loss (about ln V) anchors the curve
+  params_ = model_->parameters();
+  while (state_.step < cfg_.train.train_steps) {
+    const StepResult r = step();
+    log_progress(r);
+    if (cfg_.train.eval_interval > 0 && state_.step % cfg_.train.eval_interval == 0 &&
+        state_.step != cfg_.train.train_steps) {
+      evaluate(state_.step);
+    }
+    const bool periodic = cfg_.checkpoint.interval > 0 && state_.step % cfg_.checkpoint.interval == 0;
+    const bool final = cfg_.checkpoint.save_final && state_.step == cfg_.train.train_steps;
+    if (periodic || final) save();
+  }
+  evaluate(state_.step);
+  if (sink_) sink_->flush();
+  summary_.last_step = state_.step;
+  if (options_.keep_parameters) {
+    for (const auto& p : model_->named_parameters()) summary_.parameters[p.key()] = p.value().detach().clone();
+  }
+  return summary_;
+}
+
+// One iteration (spec §1.2): pipeline schedule -> gradient sync -> clip -> optimizer -> records.
+Trainer::StepResult Trainer::step() {
+  const auto t0 = Clock::now();
+  StepResult r;
+  r.lr = lr_.at(state_.step);
+  set_lr(*optimizer_, r.lr);
+  optimizer_->zero_grad();
+  stage_fn_->batches.clear();
+  for (int64_t i = 0; i < m_ && loader_; ++i) stage_fn_->batches.push_back(loader_->next());
+  codec_->begin_step();
+  memory_->reset_peak();
+  const int64_t before_schedule = memory_->allocated();
+  const auto pipe = run_pipeline_step(*pipeline_, *stage_fn_, *link_, static_cast<int>(m_));
+  const int64_t activations_peak = memory_->peak() - before_schedule;
+  update(r);  // gradient sync, clip, AdamW (or skip, BR-01)
+  // The loss lives on the last stage: average over data-parallel replicas, known everywhere.
+  auto loss_t = torch::tensor({range_.is_last && coord_.tp == 0 ? pipe.loss / cfg_.parallel.dp : 0.0}, torch::kDouble);
+  d_.world->all_reduce(loss_t, Traffic::kControl);
+  r.loss = loss_t.item<double>();
+  if (!std::isfinite(r.loss)) {
+    throw std::runtime_error(fmt::format("training diverged: loss is {} at step {}. Fix: lower "
+                                         "train.lr or raise train.warmup_steps.",
+                                         r.loss, state_.step));
+  }
+  r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  record_step(r, pipe.seconds, activations_peak);
+  return r;
+}
+
+// Gradient sync (DP with SC, then embedding: pair or FE), global-norm clipping, AdamW; a
+// non-finite gradient skips the optimizer step on every rank (BR-01). Counts the step.
+void Trainer::update(StepResult& r) {
+  const bool finite = grad_sync_->reduce(params_, state_.step);
+  if (!finite) {  // BR-01: NaN norm here reaches every rank through the model-parallel all-reduce
+    for (const auto& p : params_) p.grad().fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  r.grad_norm = global_grad_norm(model_, d_.model_parallel.get(), coord_.tp, stages_);
+  if (std::isfinite(r.grad_norm)) {
+    clip_grads_to(params_, r.grad_norm, cfg_.train.clip_grad);
+    optimizer_->step();
+  } else {
+    summary_.skipped_steps += 1;
+    if (!quiet_) {
+      spdlog::warn("step {}: non-finite gradients (norm {}); optimizer step skipped on every rank", state_.step + 1,
+                   r.grad_norm);
+    }
+  }
+  state_.step += 1;
+  state_.consumed_samples += cfg_.train.global_batch_size;
+}
+
+// Memory components, every rank's traffic and compressor records (a world all-gather), /train.
+void Trainer::record_step(const StepResult& r, double pipeline_seconds, int64_t activations_peak) {
+  seconds_run_ += r.seconds;
+  summary_.train_losses.push_back(r.loss);
+  int64_t param_bytes = 0, grad_bytes = 0;
+  for (const auto& p : params_) param_bytes += bytes_of(p), grad_bytes += bytes_of(p.grad());
+  const GradReducer* emb = grad_sync_->embedding_reducer();
+  const GradReducer& dpr = grad_sync_->dp_reducer();
+  extras_->memory = {param_bytes, grad_bytes, optimizer_state_bytes(*optimizer_), activations_peak,
+                     codec_->lep_bytes(), dpr.error_feedback_bytes() + (emb ? emb->error_feedback_bytes() : 0),
+                     dpr.factor_bytes() + (emb ? emb->factor_bytes() : 0) + codec_->codec_state_bytes(), memory_->peak()};
+  record_rank_stats(d_, sink_.get(), state_.step, pipeline_seconds, r.seconds, *extras_);
+  if (sink_) sink_->append("train", {state_.step, r.loss, r.lr, r.grad_norm, r.seconds, tokens_per_step_ / r.seconds});
+}
+
+void Trainer::log_progress(const StepResult& r) {
+  if (state_.step % cfg_.log.interval != 0 && state_.step != cfg_.train.train_steps) return;
+  if (sink_) sink_->flush();
+  const double avg = seconds_run_ / static_cast<double>(state_.step - summary_.first_step);
+  if (!quiet_) {
+    spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:>8.0f} tok/s | "
+                 "{:.0f} ms/step | ETA {}",
+                 state_.step, cfg_.train.train_steps, r.loss, r.lr, r.grad_norm, tokens_per_step_ / avg, avg * 1e3,
+                 format_eta(avg * (cfg_.train.train_steps - state_.step)));
+  }
+}
+
+// The validation loss at `step` (see validation_loss), into the summary, /eval and the log.
+void Trainer::evaluate(int64_t step) {
+  if (!data_.valid) return;  // empty validation split (the same on every rank)
+  const TrafficMeter before = d_.meter;  // /traffic is per training step: evaluation's bytes are not counted
+  const double loss = validation_loss(model_, cfg_, d_, *codec_, act_shape_, data_.valid.get());
+  d_.meter = before;
+  const Perplexity ppl = perplexity(loss);  // NaN stays NaN; a capped value is marked
+  summary_.eval_losses.push_back(loss);
+  if (sink_) {
+    sink_->append("eval", {step, loss, ppl.value, int64_t{ppl.capped}});
+    sink_->flush();
+  }
+  if (!quiet_) spdlog::info("eval  step {:>6} | {}", step, eval_text(loss, ppl));
+}
+
+// This rank's checkpoint of the step just completed; every rank waits in the world barrier.
+void Trainer::save() {
+  if (sink_) sink_->flush();
+  summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), state_, *model_, *optimizer_, layout_, config_yaml_,
+                                             cfg_.checkpoint.keep, [&] { d_.world->barrier(); },
+                                             {{"attention", model_->attention_generator()}}, checkpoint_parts_);
+  if (!quiet_) spdlog::info("checkpoint -> {}", summary_.last_checkpoint);
+}
+
+TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& d) {
+  Trainer trainer(std::move(cfg), options, d);
+  return trainer.run();
+}
+
+}  // namespace optcc
