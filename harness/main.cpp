@@ -12,6 +12,7 @@
 //   optcc bench step --config experiments/demo.yaml [--steps 10] [--threads 1]
 //   optcc config show --config experiments/demo.yaml [--set ...]
 //   optcc traffic --config experiments/paper/gpt-2.5b.yaml [--set ...] [--world N] [--json]
+//   optcc trace results/run.h5 [--step N] [-o trace.json] [--breakdown]
 #include <CLI/CLI.hpp>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
@@ -27,7 +28,9 @@
 #include "harness/config/config.h"
 #include "harness/parallel/distributed.h"
 #include "harness/parallel/threads.h"
+#include "harness/tools/trace.h"
 #include "harness/tools/traffic_report.h"
+#include "harness/train/network_setup.h"
 #include "harness/train/trainer.h"
 
 extern char** environ;
@@ -110,6 +113,9 @@ struct Cli {
   int64_t traffic_world = 0;
   bool traffic_json = false;
   TrafficModelOptions traffic_opts;
+  CLI::App* trace = nullptr;
+  TraceOptions trace_opts;
+  int64_t trace_step = -1;
 
   void add_config(CLI::App* sub) {
     sub->add_option("--config,-c", config_path, "experiment YAML (experiments/*.yaml)")->required();
@@ -181,6 +187,17 @@ void add_traffic_command(CLI::App& app, Cli& c) {
       ->transform(decimal_integer());
   c.traffic->add_flag("--reference-powersgd", c.traffic_opts.reference_powersgd,
                       "DP PowerSGD compresses every >=2-D gradient, as the reference (min_compression_rate 0)");
+}
+
+// optcc trace: reads a results file; no config.
+void add_trace_command(CLI::App& app, Cli& c) {
+  c.trace = app.add_subcommand(
+      "trace", "a run's timeline (log.timeline_steps): Chrome trace JSON (-o) and the Fig. 10 breakdown (--breakdown)");
+  c.trace->add_option("results", c.trace_opts.results, "results file of the run (results/<run>.h5)")->required();
+  c.trace->add_option("--step", c.trace_step, "only this step (default: every recorded step)")
+      ->transform(decimal_integer());
+  c.trace->add_option("-o,--output", c.trace_opts.output, "write Chrome trace-event JSON here (Perfetto, chrome://tracing)");
+  c.trace->add_flag("--breakdown", c.trace_opts.breakdown, "print the time breakdown per step (the run stored it in /breakdown)");
 }
 
 // optcc traffic: analytic, no process group, no data.
@@ -257,6 +274,7 @@ int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
   const bool is_launcher = c.nproc > 1 && std::getenv("OPTCC_RANK") == nullptr;
   if (is_launcher) {
     cfg.validate_layout(c.nproc);
+    const auto nic_segment = make_launcher_nic_segment(cfg, c.nproc);  // emulated runs: shared NICs, unlinked at exit
     return launch_local(c.nproc, std::vector<std::string>(argv, argv + argc),
                         std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000)));
   }
@@ -283,10 +301,15 @@ int main(int argc, char** argv) {
   add_comm_check_command(app, cli);
   add_config_command(app, cli);
   add_traffic_command(app, cli);
+  add_trace_command(app, cli);
 
   CLI11_PARSE(app, argc, argv);
 
   try {
+    if (cli.trace->parsed()) {
+      if (cli.trace_step >= 0) cli.trace_opts.step = cli.trace_step;
+      return run_trace_command(cli.trace_opts);
+    }
     Config cfg = load_config(cli.config_path, cli.overrides);
     return dispatch(cli, cfg, argc, argv);
   } catch (const ConfigError& e) {

@@ -212,9 +212,12 @@ void validate_rest(const Config& c) {
   if (c.data.sources.empty()) fail("data.sources", "[]", "needs at least one source",
                                    "use [nlp-corpus, brown] or paths to .jsonl/.txt files");
   validate_compression(c);
-  if (c.network.emulate && (c.network.intra_node_gbps <= 0 || c.network.inter_node_gbps <= 0)) {
-    fail("network.emulate", "true", "needs intra_node_gbps and inter_node_gbps > 0",
-         "declare both link bandwidths, or set emulate: false");
+  validate_network_config(c);
+  for (int64_t step : c.log.timeline_steps) {
+    if (step < 1 || step > c.train.train_steps) {
+      fail("log.timeline_steps", std::to_string(step), fmt::format("must be a step in 1..train.train_steps = {}", c.train.train_steps),
+           "list steps the run reaches, e.g. [5, 6]; steps count from 1 as the log shows them");
+    }
   }
   check_positive("log.interval", c.log.interval);
   if (c.log.level != "debug" && c.log.level != "info" && c.log.level != "warn") {

@@ -148,15 +148,57 @@ std::vector<std::string> compression_scheme_names();
 /// Throws ConfigError naming the known schemes when `name` is unknown.
 void apply_compression_scheme(CompressionConfig& c, const std::string& name);
 
-/// `network:` link emulation (architecture.md §5); off unless `emulate: true`.
+/// `network:` link emulation (architecture.md §5; the cost model is in harness/link_emulator.h).
+///   emulate                delay every transfer of tp, pp_fwd, pp_bwd, dp and embedding traffic to
+///                          what the declared links allow; computation runs at this machine's speed.
+///                          Needs both bandwidths (directly or from `profile`). Refused when the
+///                          ranks span more than one host (the shared NICs live in one machine's
+///                          shared memory, and real links would only add to the declared ones).
+///   profile                a preset of the four link keys: "" (none) or paper-a100-ib200 (spec
+///                          §8.1: 25 GB/s per node, NVLink 300 GB/s; network_profile_names()). A link
+///                          key set explicitly (file or --set) wins, in whatever order the two come.
+///   intra_node_gbps        GB/s (1e9 bytes/s) of the link between two ranks of one node, per
+///                          direction; every pair has its own (NVLink-like, nothing shared).
+///   inter_node_gbps        GB/s of one node's NIC, per direction, SHARED by all ranks of that node
+///                          (the paper's 8 GPUs behind one 200 Gb/s HCA): concurrent transfers queue.
+///   intra_node_latency_us  µs per message or ring step inside a node.
+///   inter_node_latency_us  µs per message or ring step between nodes.
+///   scale                  multiplies every emulated time (latency and transfer); > 0, default 1.
+///                          Puts a CPU-sized model into the paper's communication/compute ratio;
+///                          each experiment that uses it states how its value was chosen.
+///   skip                   traffic classes whose transfers are skipped (tp, pp_fwd, pp_bwd, dp,
+///                          embedding; spec §8.3 [REC]): no real operation and no emulated time,
+///                          shapes kept (a skipped receive yields zeros, a skipped all-reduce leaves
+///                          the local tensor). Works with or without emulate; the results are
+///                          marked `trainable_result = false`.
+/// With emulate false and skip empty nothing of this is constructed (no clock reads, no shared
+/// memory); the declared links are then only recorded in the results (and the log says so).
 struct NetworkConfig {
   bool emulate = false;
-  double intra_node_gbps = 0.0;        // GB/s per link inside a node
-  double inter_node_gbps = 0.0;        // GB/s per link between nodes
-  double intra_node_latency_us = 0.0;  // microseconds
-  double inter_node_latency_us = 0.0;  // microseconds
+  std::string profile = "";
+  double intra_node_gbps = 0.0;
+  double inter_node_gbps = 0.0;
+  double intra_node_latency_us = 0.0;
+  double inter_node_latency_us = 0.0;
+  double scale = 1.0;
+  std::vector<std::string> skip;
+  std::vector<std::string> explicit_keys;  // not a YAML key: link keys set by a file or --set,
+                                           // which a profile never overwrites (config_io.cpp)
   template <class V> void visit(V&& v);
 };
+
+/// Profile names `network.profile` accepts ("" is none).
+std::vector<std::string> network_profile_names();
+/// Applies profile `name` to the four link keys of `n` except those in n.explicit_keys; "" resets
+/// them (the non-explicit ones) to 0. Throws ConfigError naming the known profiles. load_config()
+/// calls it; code that sets `profile` on a Config must call it too.
+void apply_network_profile(NetworkConfig& n, const std::string& name);
+/// The traffic class names `network.skip` accepts: tp, pp_fwd, pp_bwd, dp, embedding.
+std::vector<std::string> network_skip_names();
+struct Config;
+/// The network section's rules (profile known, bandwidths/latencies >= 0, scale > 0, emulate needs
+/// both bandwidths, skip names known and unique); Config::validate() calls it. Throws ConfigError.
+void validate_network_config(const Config& c);
 
 /// `log:` progress lines and the HDF5 results file.
 struct LogConfig {
@@ -165,6 +207,9 @@ struct LogConfig {
   int64_t interval = 10;         // steps between progress lines and HDF5 flushes
   std::string level = "info";    // spdlog level: debug | info | warn
   bool lep_orthogonality = false;  // Fig. 11 diagnostic on the last stage (/lep_orthogonality)
+  std::vector<int64_t> timeline_steps;  // steps (1-based, as logged) whose per-rank events go to
+                                        // /timeline and /breakdown (harness/timeline.h); [] = none,
+                                        // and then no event is recorded at all
   template <class V> void visit(V&& v);
 };
 

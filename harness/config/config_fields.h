@@ -71,10 +71,13 @@ template <class V> void CompressionConfig::visit(V&& v) {
 
 template <class V> void NetworkConfig::visit(V&& v) {
   v("emulate", emulate);
+  v("profile", profile);
   v("intra_node_gbps", intra_node_gbps);
   v("inter_node_gbps", inter_node_gbps);
   v("intra_node_latency_us", intra_node_latency_us);
   v("inter_node_latency_us", inter_node_latency_us);
+  v("scale", scale);
+  v("skip", skip);
 }
 
 template <class V> void LogConfig::visit(V&& v) {
@@ -83,6 +86,7 @@ template <class V> void LogConfig::visit(V&& v) {
   v("interval", interval);
   v("level", level);
   v("lep_orthogonality", lep_orthogonality);
+  v("timeline_steps", timeline_steps);
 }
 
 template <class V> void CheckpointConfig::visit(V&& v) {

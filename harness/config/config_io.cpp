@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -213,7 +214,22 @@ void set_key(Config& cfg, const std::string& sec, const std::string& key, const 
       }
       return;
     }
+    if (sec == "network" && key == "profile") {  // fills the link keys not set explicitly
+      std::string profile, why;
+      if (!parse(n, profile, why)) set_field(section, sec, key, n, where);  // throws the type error
+      try {
+        apply_network_profile(cfg.network, profile);
+      } catch (const ConfigError& e) {
+        throw ConfigError(fmt::format("config error ({}): {}", where, e.what()));
+      }
+      return;
+    }
     set_field(section, sec, key, n, where);
+    static const std::set<std::string> link_keys = {"intra_node_gbps", "inter_node_gbps", "intra_node_latency_us",
+                                                    "inter_node_latency_us"};
+    if (sec == "network" && link_keys.count(key)) {
+      cfg.network.explicit_keys.push_back(key);  // a profile never overwrites it (any order)
+    }
   });
   if (!found) {
     auto known = section_names(cfg);

@@ -12,12 +12,13 @@
 
 #include <algorithm>
 
+#include "harness/parallel/link_emulator.h"
+#include "harness/parallel/timeline.h"
+
 namespace optcc {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 int64_t nbytes(const torch::Tensor& t) { return t.numel() * static_cast<int64_t>(t.element_size()); }
 
@@ -37,11 +38,12 @@ const char* traffic_name(Traffic t) {
 
 const char* link_name(Link l) { return l == Link::kIntraNode ? "intra" : "inter"; }
 
-void TrafficMeter::record(Traffic cls, Link link, int64_t bytes, double seconds) {
+void TrafficMeter::record(Traffic cls, Link link, int64_t bytes, double seconds, double emulated_seconds) {
   auto& c = c_[static_cast<int>(cls)][static_cast<int>(link)];
   c.bytes += bytes;
   c.calls += 1;
   c.seconds += seconds;
+  c.emulated_seconds += emulated_seconds;
 }
 
 const TrafficCounters& TrafficMeter::at(Traffic cls, Link link) const {
@@ -55,6 +57,7 @@ TrafficCounters TrafficMeter::total() const {
       t.bytes += c.bytes;
       t.calls += c.calls;
       t.seconds += c.seconds;
+      t.emulated_seconds += c.emulated_seconds;
     }
   }
   return t;
@@ -80,8 +83,8 @@ std::string Communicator::describe(const std::string& op, int64_t bytes) const {
                      rank_, size(), op, bytes);
 }
 
-void Communicator::record(Traffic cls, int64_t bytes, double seconds) {
-  if (meter_) meter_->record(cls, link_, bytes, seconds);
+void Communicator::record(Traffic cls, int64_t bytes, double seconds, double emulated_seconds) {
+  if (meter_) meter_->record(cls, link_, bytes, seconds, emulated_seconds);
 }
 
 void Communicator::wait_work(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) {
@@ -106,12 +109,13 @@ void Communicator::all_reduce(torch::Tensor& t, Traffic cls, bool max) {
     t.copy_(cast);
     return;
   }
+  if (emu_ && skip_collective(cls)) return;  // network.skip: the local tensor stays
   const auto t0 = Clock::now();
   std::vector<torch::Tensor> ts{t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
   wait_work(pg_->allreduce(ts, opts), describe("all_reduce", nbytes(t)));
-  record(cls, 2 * (size() - 1) * nbytes(t) / size(), since(t0));
+  finish_collective(cls, CollectiveKind::kAllReduce, nbytes(t), 2 * (size() - 1) * nbytes(t) / size(), t0);
 }
 
 torch::Tensor Communicator::all_gather(const torch::Tensor& local, Traffic cls, int64_t dim) {
@@ -120,9 +124,14 @@ torch::Tensor Communicator::all_gather(const torch::Tensor& local, Traffic cls, 
   auto in = local.contiguous();
   std::vector<torch::Tensor> inputs{in};
   std::vector<std::vector<torch::Tensor>> outputs(1);
-  for (int i = 0; i < size(); ++i) outputs[0].push_back(torch::empty_like(in));
+  const bool skip = emu_ && skip_collective(cls);
+  for (int i = 0; i < size(); ++i) outputs[0].push_back(skip && i != rank_ ? torch::zeros_like(in) : torch::empty_like(in));
+  if (skip) {  // network.skip: this rank's part in its slot, zeros elsewhere
+    outputs[0][rank_].copy_(in);
+    return torch::cat(outputs[0], dim);
+  }
   wait_work(pg_->allgather(outputs, inputs), describe("all_gather", nbytes(in)));
-  record(cls, (size() - 1) * nbytes(in), since(t0));
+  finish_collective(cls, CollectiveKind::kAllGather, nbytes(in), (size() - 1) * nbytes(in), t0);
   return torch::cat(outputs[0], dim);
 }
 
@@ -133,20 +142,23 @@ torch::Tensor Communicator::reduce_scatter(const torch::Tensor& input, Traffic c
   const auto t0 = Clock::now();
   auto buf = input.contiguous().clone();
   std::vector<torch::Tensor> ts{buf};
-  wait_work(pg_->allreduce(ts), describe("reduce_scatter (all_reduce fallback)", nbytes(buf)));
-  record(cls, (size() - 1) * nbytes(buf) / size(), since(t0));
+  if (!(emu_ && skip_collective(cls))) {  // network.skip: this rank's slice of its own input
+    wait_work(pg_->allreduce(ts), describe("reduce_scatter (all_reduce fallback)", nbytes(buf)));
+    finish_collective(cls, CollectiveKind::kReduceScatter, nbytes(buf), (size() - 1) * nbytes(buf) / size(), t0);
+  }
   const int64_t chunk = input.size(0) / size();
   return buf.narrow(0, rank_ * chunk, chunk).clone();
 }
 
 void Communicator::broadcast(torch::Tensor& t, int root, Traffic cls) {
   if (size() == 1) return;
+  if (emu_ && skip_collective(cls)) return;  // network.skip: the local tensor stays
   const auto t0 = Clock::now();
   std::vector<torch::Tensor> ts{t};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   wait_work(pg_->broadcast(ts, opts), describe("broadcast", nbytes(t)));
-  record(cls, (size() - 1) * nbytes(t) / size(), since(t0));
+  finish_collective(cls, CollectiveKind::kBroadcast, nbytes(t), (size() - 1) * nbytes(t) / size(), t0);
 }
 
 void Communicator::barrier() {
@@ -158,14 +170,23 @@ CommHandle Communicator::post_p2p(bool is_send, torch::Tensor& t, int peer, Traf
   const char* op = is_send ? "send" : "recv";
   TORCH_CHECK(t.is_contiguous(), op, " needs a contiguous tensor");
   TORCH_CHECK(peer != rank_ && peer >= 0 && peer < size(), op, ": bad peer ", peer, " in group ", name_);
+  TORCH_CHECK(tag >= 0 && tag < kHeaderTagOffset, op, ": tag ", tag, " outside [0, ", kHeaderTagOffset, ")");
   std::vector<torch::Tensor> ts{t};
   CommHandle h;
   h.start_ = Clock::now();
-  h.work_ = is_send ? pg_->send(ts, peer, tag) : pg_->recv(ts, peer, tag);
   h.comm_ = this;
   h.what_ = describe(fmt::format("{} {} group rank {} (tag {})", op, is_send ? "to" : "from", peer, tag), nbytes(t));
   h.cls_ = cls;
   h.bytes_ = is_send ? nbytes(t) : 0;  // the sender accounts the bytes
+  h.is_send_ = is_send, h.peer_ = peer, h.payload_bytes_ = nbytes(t);
+  if (emu_ && emu_->skips(cls)) {  // network.skip: nothing travels; a receive yields zeros
+    if (!is_send) t.zero_();
+    h.skipped_ = true;
+    h.microbatch_ = Timeline::current_microbatch();
+    return h;
+  }
+  h.work_ = is_send ? pg_->send(ts, peer, tag) : pg_->recv(ts, peer, tag);
+  post_header(h, tag);  // only with emulation or an active timeline
   return h;
 }
 
@@ -179,11 +200,17 @@ CommHandle Communicator::recv(torch::Tensor& t, int peer, Traffic cls, int tag) 
 }
 
 void CommHandle::wait() {
-  if (!work_) return;
+  if (!work_ && !skipped_) return;
   auto work = std::move(work_);
   work_.reset();
-  comm_->wait_work(work, what_);
-  comm_->record(cls_, bytes_, std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+  if (work) comm_->wait_work(work, what_);
+  for (auto* side : {&header_work_, &reply_work_}) {
+    if (!*side) continue;
+    auto w = std::move(*side);
+    side->reset();
+    comm_->wait_work(w, what_ + " (emulation/timeline header)");
+  }
+  comm_->finish_p2p(*this);
 }
 
 ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,

@@ -12,6 +12,22 @@
 //   broadcast of X bytes                   (n-1)/n * X   (pipelined ring)
 //   send of X bytes                        X            (recv records 0 bytes, 1 call)
 //
+// Link emulation and skipping (network: section; harness/link_emulator.h): with an emulator set
+// (set_emulator, only when network.emulate or network.skip is on), each operation of an emulated
+// class completes no earlier than the declared links allow, and its emulated seconds are recorded
+// beside the measured ones; a skipped class issues nothing and keeps shapes: a skipped recv fills
+// its tensor with zeros, a skipped all_reduce / broadcast leaves the local tensor, a skipped
+// all_gather returns the gathered shape with this rank's part in its slot and zeros elsewhere, a
+// skipped reduce_scatter returns this rank's slice of its own input. Without an emulator the only
+// cost is one null-pointer test per operation.
+// Timeline (harness/timeline.h): while a recorder is active, every operation is an event (send,
+// recv, collective; emulated waits too). With emulation or an active timeline, a point-to-point
+// message also carries a 16-byte header (sender's post time and emulated start, on tag +
+// kHeaderTagOffset) and an 8-byte reply (receiver's post time, on tag + 2 kHeaderTagOffset), both
+// posted with the message on both ends alike, so each end knows when the other posted: an event
+// starts when both had posted (the wait for the peer is not transfer). They are never counted as
+// traffic and never delay the message (no end waits for the other's wait()).
+//
 // Every blocking wait has the communicator's timeout; a failure or timeout throws CommError naming
 // this rank, the group, the operation and the bytes, so one failing rank ends all ranks (the peers'
 // operations fail or time out in turn) instead of hanging.
@@ -51,12 +67,13 @@ struct TrafficCounters {
   int64_t bytes = 0;     // bytes this rank sent
   int64_t calls = 0;     // operations issued
   double seconds = 0.0;  // wall time spent waiting in them, s
+  double emulated_seconds = 0.0;  // link emulation's duration of them (link_emulator.h), s; 0 off
 };
 
 /// Per-rank counters by class x link. Not thread-safe: one training thread uses it.
 class TrafficMeter {
  public:
-  void record(Traffic cls, Link link, int64_t bytes, double seconds);
+  void record(Traffic cls, Link link, int64_t bytes, double seconds, double emulated_seconds = 0.0);
   const TrafficCounters& at(Traffic cls, Link link) const;
   TrafficCounters total() const;
   void reset();
@@ -87,7 +104,20 @@ class CommHandle {
   Link link_ = Link::kIntraNode;
   int64_t bytes_ = 0;
   std::chrono::steady_clock::time_point start_;
+  // Link emulation / timeline (see the top of this file); unused when neither is on.
+  bool skipped_ = false;
+  bool is_send_ = false;
+  int peer_ = -1;                // group rank
+  int64_t payload_bytes_ = 0;    // the message's bytes (both ends)
+  int microbatch_ = -1;
+  int64_t send_start_ns_ = 0;    // sender: s_tx of link_emulator.h
+  c10::intrusive_ptr<c10d::Work> header_work_, reply_work_;
+  torch::Tensor header_;         // int64 [2]: sender's post time, s_tx (ns, CLOCK_MONOTONIC)
+  torch::Tensor reply_;          // int64 [1]: receiver's post time
 };
+
+class LinkEmulator;
+enum class CollectiveKind;
 
 class Communicator {
  public:
@@ -124,6 +154,13 @@ class Communicator {
 
   TrafficMeter* meter() const { return meter_; }
 
+  /// Link emulation and skipping for this group (link_emulator.h); null (the default) = off.
+  /// Set on every rank of the group alike, before the first operation; must outlive the group.
+  void set_emulator(LinkEmulator* emulator) { emu_ = emulator; }
+  LinkEmulator* emulator() const { return emu_; }
+  /// Added to a p2p tag for its header message; p2p tags must stay below it.
+  static constexpr int kHeaderTagOffset = 1 << 24;
+
   /// Cast-on-the-wire compression of the floating-point all-reduces of one class (compression.tp:
   /// fp16 / bf16 for Traffic::kTensorParallel): the tensor is cast to `dtype`, summed in it and
   /// copied back (bytes counted in `dtype`). kFloat or the tensor's own dtype: no cast. Set on
@@ -136,7 +173,16 @@ class Communicator {
   friend class CommHandle;
   void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
   CommHandle post_p2p(bool is_send, torch::Tensor& t, int peer, Traffic cls, int tag);
-  void record(Traffic cls, int64_t bytes, double seconds);
+  void record(Traffic cls, int64_t bytes, double seconds, double emulated_seconds = 0.0);
+  // communicator_emulation.cpp: emulation, skipping and timeline events of each operation.
+  void finish_collective(Traffic cls, CollectiveKind kind, int64_t tensor_bytes, int64_t sent_bytes,
+                         std::chrono::steady_clock::time_point t0);
+  double emulate_collective(Traffic cls, CollectiveKind kind, int64_t tensor_bytes, int64_t sent_bytes,
+                            int64_t post_ns, int64_t& group_start_ns);
+  int64_t agree_max(int64_t value);
+  bool skip_collective(Traffic cls);
+  void post_header(CommHandle& h, int tag);
+  void finish_p2p(CommHandle& h);
   std::string describe(const std::string& op, int64_t bytes) const;
 
   ProcessGroupPtr pg_;
@@ -147,6 +193,7 @@ class Communicator {
   TrafficMeter* meter_;
   std::chrono::milliseconds timeout_;
   std::array<torch::ScalarType, kNumTraffic> wire_dtype_{};  // kByte (0) = no cast
+  LinkEmulator* emu_ = nullptr;
 };
 
 }  // namespace optcc

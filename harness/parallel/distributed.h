@@ -12,6 +12,7 @@
 #include "harness/parallel/communicator.h"
 #include "harness/parallel/launch_env.h"
 #include "harness/parallel/layout.h"
+#include "harness/parallel/link_emulator.h"
 
 namespace optcc {
 
@@ -23,6 +24,7 @@ struct Distributed {
   c10::intrusive_ptr<c10d::Store> store;
   std::unique_ptr<Communicator> world, tp, dp, pp, model_parallel, embedding, fused_embedding;
   std::vector<std::string> hosts;  // host of every rank (exchanged through the store at start-up)
+  std::unique_ptr<LinkEmulator> network;  // link emulation / skipping; null when off (network_setup.h)
   int rank() const { return env.rank; }
   RankCoord coord() const { return layout.coord(env.rank); }
 };

@@ -9,6 +9,8 @@
 #include <map>
 #include <stdexcept>
 
+#include "harness/parallel/timeline.h"
+
 namespace optcc {
 namespace {
 
@@ -42,6 +44,8 @@ class StepRunner {
   }
 
   void forward(int mb) {
+    MicrobatchContext mb_context(mb);  // timeline hooks (timeline.h): free when not recording
+    TimelineScope event(EventKind::kForward, Stream::kCompute, mb);
     torch::Tensor x;
     if (!link_.is_first_stage()) x = take(inputs_, mb, "input activation");
     torch::Tensor y = fn_.forward(mb, x);
@@ -75,6 +79,8 @@ class StepRunner {
     }
     InFlight f = std::move(in_flight_.front());
     in_flight_.pop_front();
+    MicrobatchContext mb_context(mb);
+    TimelineScope event(EventKind::kBackward, Stream::kCompute, mb);
     if (link_.is_last_stage()) {
       torch::autograd::backward({f.output});  // d(loss/m)/d(loss/m) = 1
     } else {

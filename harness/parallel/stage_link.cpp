@@ -6,6 +6,8 @@
 
 #include <stdexcept>
 
+#include "harness/parallel/timeline.h"
+
 namespace optcc {
 namespace {
 
@@ -135,6 +137,7 @@ std::vector<torch::Tensor> StageLink::execute(const P2PCall& call,
 void StageLink::post(const P2PCall& call, size_t index, const torch::Tensor& send_tensor,
                      Pending& p) {
   const P2PMessage& m = call.messages[index];
+  MicrobatchContext mb_context(m.microbatch);  // the message's events carry its micro-batch
   const std::vector<int64_t>& shape = shape_of(m);
   const bool sg = scatter_gather(shape);
   const int64_t slice_numel = sg ? numel_of(shape) / tp_->size() : numel_of(shape);
@@ -188,6 +191,7 @@ torch::Tensor StageLink::finish_recv(const P2PCall& call, size_t index, Pending&
   const std::vector<int64_t>& shape = shape_of(m);
   const bool sg = scatter_gather(shape);
   const int64_t slice_numel = sg ? numel_of(shape) / tp_->size() : numel_of(shape);
+  MicrobatchContext mb_context(m.microbatch);
   torch::Tensor slice = codec_->decode(m, call, p.wire, slice_numel);
   p.wire.clear();
   if (slice.numel() != slice_numel) {

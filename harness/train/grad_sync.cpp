@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "harness/parallel/timeline.h"
+
 namespace optcc {
 
 std::vector<torch::Tensor> ensure_grads(const std::vector<torch::Tensor>& params) {
@@ -77,12 +79,14 @@ bool GradientSync::reduce(const std::vector<torch::Tensor>& params, int64_t step
   }
   bool finite = true;
   try {
+    TimelineScope event(compress_dp_ ? EventKind::kCompress : EventKind::kDpReduce, Stream::kDataParallel);
     dp_reducer_->reduce(dp_grads, *dp_, step);  // in place: DP average (or its compressed estimate)
   } catch (const NonFiniteGradients&) {
     finite = false;
   }
   auto reduce_embedding = [&](torch::Tensor& g, Communicator& group) {
     std::vector<torch::Tensor> one{g};
+    TimelineScope event(EventKind::kCompress, Stream::kEmbedding);  // a compressing embedding reducer
     try {
       embedding_reducer_->reduce(one, group, step);  // the group's mean
     } catch (const NonFiniteGradients&) {

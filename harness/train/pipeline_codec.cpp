@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "compression/codecs.h"
+#include "harness/parallel/timeline.h"
 
 #include <algorithm>
 #include <chrono>
@@ -89,6 +90,7 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
     return {slice};
   }
   const auto t0 = std::chrono::steady_clock::now();
+  TimelineScope event(EventKind::kCompress, Stream::kCompression);  // timeline.h; free when off
   torch::NoGradGuard no_grad;
   torch::Tensor x = slice.to(torch::kFloat);
   torch::Tensor* err = nullptr;
@@ -104,7 +106,10 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
     }
   }
   Payload p = c->encode(x);
-  if (err) *err = c->last_error();  // (slice + old error) − decode(payload)
+  if (err) {
+    TimelineScope lep_event(EventKind::kLepUpdate, Stream::kCompression);
+    *err = c->last_error();  // (slice + old error) − decode(payload)
+  }
   if (!forward) stats_.backward_compressed += 1;
   int64_t wire = 0;
   for (const auto& part : p.parts) wire += part.numel() * static_cast<int64_t>(part.element_size());
@@ -124,6 +129,7 @@ torch::Tensor PipelineCodec::decode(const P2PMessage& msg, const P2PCall& call,
     slice = wire.at(0);
   } else {
     const auto t0 = std::chrono::steady_clock::now();
+    TimelineScope event(EventKind::kDecompress, Stream::kCompression);
     slice = c->decode(Payload{wire}, slice_numel);
     stats_.decode_seconds += seconds_since(t0);
   }

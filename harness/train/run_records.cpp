@@ -42,7 +42,9 @@ std::vector<TableSpec> step_tables() {
         {"ppl", ColumnType::kFloat64, ""},
         {"ppl_capped", ColumnType::kInt64, ""}}},
       // One row per (step, rank, class, link) with traffic in that step. class: 0 tp, 1 pp_fwd,
-      // 2 pp_bwd, 3 dp, 4 embedding, 5 control; link: 0 intra-node, 1 inter-node.
+      // 2 pp_bwd, 3 dp, 4 embedding, 5 control; link: 0 intra-node, 1 inter-node. seconds: measured
+      // wall time in the operations; emulated_seconds: link emulation's duration of them
+      // (harness/parallel/link_emulator.h; 0 without network.emulate).
       {"traffic",
        {{"step", ColumnType::kInt64, "steps"},
         {"rank", ColumnType::kInt64, ""},
@@ -50,7 +52,8 @@ std::vector<TableSpec> step_tables() {
         {"link", ColumnType::kInt64, ""},
         {"bytes", ColumnType::kInt64, "bytes"},
         {"calls", ColumnType::kInt64, ""},
-        {"seconds", ColumnType::kFloat64, "s"}}},
+        {"seconds", ColumnType::kFloat64, "s"},
+        {"emulated_seconds", ColumnType::kFloat64, "s"}}},
       {"memory", {{"step", ColumnType::kInt64, "steps"}, {"rank", ColumnType::kInt64, ""}, {"peak_rss_bytes", ColumnType::kInt64, "bytes"}}},
   };
 }
@@ -138,7 +141,7 @@ namespace {
 
 // Where each part sits in a rank's row of the per-step all-gather (doubles).
 struct RecordLayout {
-  static constexpr int kPer = 3;    // bytes, calls, seconds per (class, link)
+  static constexpr int kPer = 4;    // bytes, calls, seconds, emulated seconds per (class, link)
   static constexpr int kCodec = 9;  // pipeline codec stats
   int64_t traffic_width = 0, tensors_at = 0, codec_at = 0, orth_at = 0, memory_at = 0, width = 0;
   explicit RecordLayout(const StepExtras& x)
@@ -158,6 +161,7 @@ void pack_traffic(at::TensorAccessor<double, 1>& a, const RecordLayout& lay, Dis
       const auto& t = d.meter.at(static_cast<Traffic>(c), static_cast<Link>(l));
       const int64_t i = (c * 2 + l) * RecordLayout::kPer;
       a[i] = static_cast<double>(t.bytes), a[i + 1] = static_cast<double>(t.calls), a[i + 2] = t.seconds;
+      a[i + 3] = t.emulated_seconds;
     }
   }
   a[lay.traffic_width] = static_cast<double>(peak_rss_bytes());
@@ -204,7 +208,7 @@ void append_rank_rows(MetricsSink& sink, int64_t step, int64_t r, at::TensorAcce
     for (int l = 0; l < 2; ++l) {
       const int64_t i = (c * 2 + l) * RecordLayout::kPer;
       if (g[i + 1] == 0) continue;
-      sink.append("traffic", {step, r, int64_t{c}, int64_t{l}, i64(g[i]), i64(g[i + 1]), g[i + 2]});
+      sink.append("traffic", {step, r, int64_t{c}, int64_t{l}, i64(g[i]), i64(g[i + 1]), g[i + 2], g[i + 3]});
     }
   }
   sink.append("memory", {step, r, i64(g[lay.traffic_width])});

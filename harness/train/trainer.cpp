@@ -19,6 +19,7 @@
 #include "harness/train/data_loader.h"
 #include "harness/parallel/distributed.h"
 #include "harness/train/grad_sync.h"
+#include "harness/train/network_setup.h"
 #include "harness/records/memory_tracker.h"
 #include "harness/records/metrics.h"
 #include "harness/train/optimizer.h"
@@ -28,6 +29,9 @@
 #include "harness/train/run_records.h"
 #include "harness/parallel/stage_link.h"
 #include "harness/parallel/threads.h"
+#include "harness/parallel/nic_table.h"  // monotonic_ns
+#include "harness/parallel/timeline.h"
+#include "harness/train/timeline_records.h"
 
 namespace optcc {
 namespace fs = std::filesystem;
@@ -177,9 +181,13 @@ std::unique_ptr<Hdf5MetricsSink> create_results(const Config& c, int64_t first_s
   const auto path = [&](int n) {
     return (fs::path(c.log.dir) / (n == 1 ? base + ".h5" : fmt::format("{}.attempt-{}.h5", base, n))).string();
   };
+  auto tables = result_tables();
+  if (!c.log.timeline_steps.empty()) {  // /timeline and /breakdown (timeline_records.h)
+    for (auto& t : timeline_tables()) tables.push_back(t);
+  }
   for (int n = 1;; ++n) {
     try {
-      auto sink = std::make_unique<Hdf5MetricsSink>(path(n), attrs, result_tables());
+      auto sink = std::make_unique<Hdf5MetricsSink>(path(n), attrs, tables);
       if (n > 1 && !quiet) {
         spdlog::warn("{} exists (an earlier attempt's results, kept): this run writes {}", path(1), sink->path());
       }
@@ -360,6 +368,7 @@ Trainer::Trainer(Config cfg, const TrainOptions& options, Distributed& d)
   resume();
   build_records();
   log_start();
+  start_timeline();
 }
 
 Trainer::~Trainer() = default;
@@ -372,6 +381,7 @@ void Trainer::set_up() {
   spdlog::set_level(spdlog::level::from_str(cfg_.log.level));
   set_cpu_threads(threads_for(cfg_, d_.env.local_world_size));
   torch::manual_seed(static_cast<uint64_t>(cfg_.train.seed));
+  setup_network(d_, cfg_);  // link emulation / skipping (network_setup.h); nothing when off
   coord_ = d_.coord();
   stages_ = static_cast<int>(cfg_.parallel.pp);
   range_ = stage_range(cfg_, coord_.pp);
@@ -513,6 +523,8 @@ std::map<std::string, std::string> Trainer::result_attributes() const {
   attrs["launcher"] = d_.env.source;
   attrs["resumed_from_step"] = std::to_string(state_.step);
   attrs["network_emulation"] = cfg_.network.emulate ? "on" : "off";
+  attrs["network"] = network_summary(cfg_.network);  // effective values (profile applied)
+  attrs["trainable_result"] = cfg_.network.skip.empty() ? "true" : "false";  // skipped transfers
   attrs["compression_dp"] = to_yaml_value(comp.dp);
   attrs["compression_scheme"] = comp.scheme.empty() ? "(none)" : comp.scheme;
   attrs["compression_summary"] = fmt::format(
@@ -528,6 +540,9 @@ std::map<std::string, std::string> Trainer::result_attributes() const {
   attrs["dp_tensor_names"] = nlohmann::json(all_dp_names_).dump();
   if (!sc_auto_text_.empty()) attrs["sc_auto"] = sc_auto_text_;
   attrs["traffic_classes"] = "0 tp, 1 pp_fwd, 2 pp_bwd, 3 dp, 4 embedding, 5 control; link 0 intra, 1 inter";
+  if (!cfg_.log.timeline_steps.empty()) {
+    for (auto& [k, v] : timeline_attributes()) attrs[k] = v;
+  }
   return attrs;
 }
 
@@ -547,6 +562,16 @@ void Trainer::log_start() const {
                to_yaml_value(comp.embedding), comp.fused_embedding ? " fused (FE)" : "",
                to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases,
                comp.lep, to_yaml_value(comp.tp));
+  log_network(cfg_.network, d_.layout);
+}
+
+// Per-rank events of log.timeline_steps (timeline.h): one clock per run, every rank's origin taken
+// right after a common barrier.
+void Trainer::start_timeline() {
+  timeline_ = std::make_unique<Timeline>(cfg_.log.timeline_steps);
+  if (timeline_->empty()) return;
+  d_.world->barrier();
+  timeline_->set_origin(monotonic_ns());
 }
 
 // ---- Trainer: the loop -------------------------------------------------------------------------
@@ -555,6 +580,7 @@ TrainSummary Trainer::run() {
   if (state_.step == 0) evaluate(0);  // the untrained model's loss (about ln V) anchors the curve
   params_ = model_->parameters();
   while (state_.step < cfg_.train.train_steps) {
+    auto recording = std::make_unique<Timeline::StepGuard>(timeline_.get(), state_.step + 1);  // selected steps only
     const StepResult r = step();
     log_progress(r);
     if (cfg_.train.eval_interval > 0 && state_.step % cfg_.train.eval_interval == 0 &&
@@ -564,6 +590,11 @@ TrainSummary Trainer::run() {
     const bool periodic = cfg_.checkpoint.interval > 0 && state_.step % cfg_.checkpoint.interval == 0;
     const bool final = cfg_.checkpoint.save_final && state_.step == cfg_.train.train_steps;
     if (periodic || final) save();
+    if (recording->recording()) {  // a world collective on every rank alike (same selected steps)
+      recording.reset();
+      const std::string line = record_timeline_step(d_, sink_.get(), *timeline_);
+      if (!quiet_ && !line.empty()) spdlog::info("{}", line);
+    }
   }
   evaluate(state_.step);
   if (sink_) sink_->flush();
@@ -576,6 +607,7 @@ TrainSummary Trainer::run() {
 
 // One iteration (spec §1.2): pipeline schedule -> gradient sync -> clip -> optimizer -> records.
 Trainer::StepResult Trainer::step() {
+  auto step_event = std::make_unique<TimelineScope>(EventKind::kStep, Stream::kStep);
   const auto t0 = Clock::now();
   StepResult r;
   r.lr = lr_.at(state_.step);
@@ -599,6 +631,7 @@ Trainer::StepResult Trainer::step() {
                                          r.loss, state_.step));
   }
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  step_event.reset();
   record_step(r, pipe.seconds, activations_peak);
   return r;
 }
@@ -612,6 +645,7 @@ void Trainer::update(StepResult& r) {
   }
   r.grad_norm = global_grad_norm(model_, d_.model_parallel.get(), coord_.tp, stages_);
   if (std::isfinite(r.grad_norm)) {
+    TimelineScope optimizer_event(EventKind::kOptimizer, Stream::kCompute);
     clip_grads_to(params_, r.grad_norm, cfg_.train.clip_grad);
     optimizer_->step();
   } else {
@@ -655,6 +689,7 @@ void Trainer::log_progress(const StepResult& r) {
 // The validation loss at `step` (see validation_loss), into the summary, /eval and the log.
 void Trainer::evaluate(int64_t step) {
   if (!data_.valid) return;  // empty validation split (the same on every rank)
+  TimelineScope eval_event(EventKind::kEvaluation, Stream::kCompute);
   const TrafficMeter before = d_.meter;  // /traffic is per training step: evaluation's bytes are not counted
   const double loss = validation_loss(model_, cfg_, d_, *codec_, act_shape_, data_.valid.get());
   d_.meter = before;
@@ -669,6 +704,7 @@ void Trainer::evaluate(int64_t step) {
 
 // This rank's checkpoint of the step just completed; every rank waits in the world barrier.
 void Trainer::save() {
+  TimelineScope checkpoint_event(EventKind::kCheckpoint, Stream::kCompute);
   if (sink_) sink_->flush();
   summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), state_, *model_, *optimizer_, layout_, config_yaml_,
                                              cfg_.checkpoint.keep, [&] { d_.world->barrier(); },

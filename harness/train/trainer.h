@@ -47,6 +47,7 @@ class MemoryTracker;
 class PipelineCodec;
 class PipelineSchedule;
 class StageLink;
+class Timeline;
 
 /// Where a run starts. With checkpoints already in cfg.checkpoint_dir() (same run name, re-run):
 ///   resume set:         resume from that directory (an iter_* directory or its parent holding
@@ -112,6 +113,7 @@ class Trainer {
   void build_records();
   std::map<std::string, std::string> result_attributes() const;
   void log_start() const;
+  void start_timeline();
 
   StepResult step();
   void update(StepResult& r);
@@ -153,6 +155,7 @@ class Trainer {
   std::unique_ptr<BatchLoader> loader_;
   TrainSummary summary_;
   std::unique_ptr<Hdf5MetricsSink> sink_;
+  std::unique_ptr<Timeline> timeline_;  // log.timeline_steps (timeline.h); empty when none
   int64_t tokens_per_step_ = 0;
   std::vector<torch::Tensor> params_;
   double seconds_run_ = 0.0;

@@ -1,0 +1,113 @@
+// Link emulation set-up on a rank and in the local launcher (see network_setup.h).
+#include "harness/train/network_setup.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <set>
+
+namespace optcc {
+namespace {
+
+std::shared_ptr<NicTable> open_nic_table(Distributed& d) {
+  const int nodes = d.layout.num_nodes();
+  if (const char* name = std::getenv(kNicShmEnv)) return SharedNicTable::open(name, nodes);
+  if (d.env.world_size == 1) return std::make_shared<LocalNicTable>(nodes);
+  // No launcher of ours (srun / torchrun on one host, ranks as threads): rank 0 creates the
+  // segment and publishes its name; once every rank mapped it, rank 0 unlinks it.
+  static thread_local int calls = 0;  // the same sequence on every rank (thread or process)
+  const int call = calls++;
+  std::unique_ptr<SharedNicSegment> segment;
+  const std::string key = fmt::format("optcc/nic_shm/{}", call);
+  if (d.rank() == 0) {
+    segment = std::make_unique<SharedNicSegment>(nic_segment_name(fmt::format("{}-{}", d.env.master_port, call)), nodes);
+    d.store->set(key, std::vector<uint8_t>(segment->name().begin(), segment->name().end()));
+  }
+  const auto v = d.store->get(key);
+  std::shared_ptr<NicTable> table = SharedNicTable::open(std::string(v.begin(), v.end()), nodes);
+  d.world->barrier();
+  if (segment) segment->unlink();
+  return table;
+}
+
+void attach(Distributed& d, LinkEmulator* e) {
+  for (auto* c : {&d.world, &d.tp, &d.dp, &d.pp, &d.model_parallel, &d.embedding, &d.fused_embedding}) {
+    if (*c) (*c)->set_emulator(e);
+  }
+}
+
+}  // namespace
+
+LinkParams link_params(const NetworkConfig& n) {
+  LinkParams p;
+  p.emulate = n.emulate;
+  p.intra_bytes_per_s = n.intra_node_gbps * 1e9;
+  p.inter_bytes_per_s = n.inter_node_gbps * 1e9;
+  p.intra_latency_s = n.intra_node_latency_us * 1e-6;
+  p.inter_latency_s = n.inter_node_latency_us * 1e-6;
+  p.scale = n.scale;
+  for (int c = 0; c < kNumTraffic; ++c) {
+    const std::string name = traffic_name(static_cast<Traffic>(c));
+    p.skip[c] = std::find(n.skip.begin(), n.skip.end(), name) != n.skip.end();
+  }
+  return p;
+}
+
+std::string network_summary(const NetworkConfig& n) {
+  return fmt::format("emulate={} profile={} intra_node_gbps={} inter_node_gbps={} intra_node_latency_us={} "
+                     "inter_node_latency_us={} scale={} skip=[{}]",
+                     n.emulate, n.profile.empty() ? "(none)" : n.profile, n.intra_node_gbps, n.inter_node_gbps,
+                     n.intra_node_latency_us, n.inter_node_latency_us, n.scale, fmt::join(n.skip, ", "));
+}
+
+void setup_network(Distributed& d, const Config& cfg, std::shared_ptr<NicTable> nics) {
+  const NetworkConfig& n = cfg.network;
+  attach(d, nullptr);
+  d.network.reset();
+  if (!n.emulate && n.skip.empty()) return;  // off: nothing is constructed
+  if (n.emulate) {
+    const std::set<std::string> hosts(d.hosts.begin(), d.hosts.end());
+    if (hosts.size() > 1) {
+      throw ConfigError(fmt::format(
+          "config error: network.emulate = true: the {} ranks run on {} hosts ({}). Link emulation models a "
+          "cluster on ONE machine: it can only add delay to real links, and the nodes' shared NICs live in "
+          "this machine's shared memory. Fix: run on one host (e.g. sbatch -N 1), or set network.emulate: "
+          "false to measure the real network.",
+          d.env.world_size, hosts.size(), fmt::join(hosts, ", ")));
+    }
+    if (!nics) nics = open_nic_table(d);
+  }
+  d.network = std::make_unique<LinkEmulator>(link_params(n), d.layout, n.emulate ? nics : nullptr);
+  attach(d, d.network.get());
+}
+
+void log_network(const NetworkConfig& n, const RankLayout& layout) {
+  if (n.emulate) {
+    spdlog::info("network emulation on{}: intra-node {} GB/s + {} us per rank pair, inter-node {} GB/s + {} us per "
+                 "node NIC (shared by its ranks), scale {}; {} nodes of {} ranks",
+                 n.profile.empty() ? "" : " (profile " + n.profile + ")", n.intra_node_gbps, n.intra_node_latency_us,
+                 n.inter_node_gbps, n.inter_node_latency_us, n.scale, layout.num_nodes(), layout.ranks_per_node());
+  } else if (n.intra_node_gbps > 0 || n.inter_node_gbps > 0) {
+    spdlog::info("network.emulate is false: the declared links ({}) are recorded in the results, not enforced",
+                 network_summary(n));
+  }
+  if (!n.skip.empty()) {
+    spdlog::warn("network.skip = [{}]: these transfers are skipped (shapes kept, zeros received); the results are "
+                 "marked trainable_result = false and are only good for timing by difference (spec §8.3)",
+                 fmt::join(n.skip, ", "));
+  }
+}
+
+std::unique_ptr<SharedNicSegment> make_launcher_nic_segment(const Config& cfg, int nproc) {
+  if (!cfg.network.emulate) return nullptr;
+  const int per_node = cfg.parallel.ranks_per_node > 0 ? static_cast<int>(cfg.parallel.ranks_per_node) : nproc;
+  const int nodes = (nproc + per_node - 1) / per_node;
+  auto segment = std::make_unique<SharedNicSegment>(nic_segment_name("launcher"), nodes);
+  setenv(kNicShmEnv, segment->name().c_str(), 1);  // inherited by the ranks (launch_local copies environ)
+  return segment;
+}
+
+}  // namespace optcc

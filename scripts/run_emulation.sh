@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The emulated-cluster scheme comparison (issue 11): baseline, cb, cb_fe, cb_fe_sc on
+# experiments/emulation/mini-3d-paper-regime.yaml (8 local ranks, links emulated as the paper's
+# cluster; the file's header explains the numbers), one run after the other, then the table of
+# median step times, speed-ups and Fig. 10 breakdowns (scripts/emulation_table.py), and the
+# Chrome trace of one step of the baseline (results/<run>-trace.json; open it in Perfetto).
+#   scripts/run_emulation.sh [CONFIG] [NPROC] [extra optcc train options...]
+# Results: results/emulation-<config>-<scheme>[-$TAG].h5. SCHEMES (default "baseline cb cb_fe
+# cb_fe_sc") sets which run and in what order (the table's speed-ups are against the first). DP_RANK (default 16) replaces the scheme's
+# PowerSGD rank 128, which saves nothing at h = 256 (experiments/schemes/mini-3d.yaml explains).
+set -euo pipefail
+config=${1:-experiments/emulation/mini-3d-paper-regime.yaml}
+nproc=${2:-8}
+shift $(( $# > 2 ? 2 : $# ))
+OPTCC=${OPTCC:-build/optcc}
+PYTHON=${PYTHON:-/usr/bin/python3}
+DP_RANK=${DP_RANK:-16}
+SCHEMES=${SCHEMES:-"baseline cb cb_fe cb_fe_sc"}
+name=$(basename "$config" .yaml)
+files=()
+for scheme in $SCHEMES; do
+  extra=()
+  if [[ $scheme == cb_fe_sc ]]; then
+    extra=(--set "compression.dp={name: powersgd, rank: ${DP_RANK}, error_feedback: true, warmup_steps: 0}")
+  fi
+  run="emulation-${name}-${scheme}${TAG:+-$TAG}"
+  echo "== ${scheme} -> results/${run}.h5 (load: $(cut -d' ' -f1-3 /proc/loadavg))"
+  "$OPTCC" train --config "$config" --nproc "$nproc" --set compression.scheme="$scheme" "${extra[@]}" \
+    --set log.run_name="$run" "$@"
+  files+=("results/${run}.h5")
+done
+"$PYTHON" scripts/emulation_table.py "${files[@]}"
+first=${files[0]}
+step=$("$PYTHON" -c "import h5py; print(int(h5py.File('$first', 'r')['breakdown/step'][0]))")
+"$OPTCC" trace "$first" --step "$step" -o "${first%.h5}-trace.json" --breakdown
+"$PYTHON" -m json.tool "${first%.h5}-trace.json" > /dev/null && echo "${first%.h5}-trace.json: valid JSON"
