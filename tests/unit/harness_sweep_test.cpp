@@ -147,12 +147,22 @@ TEST_F(SweepTest, ListingJsonAndIndexAgree) {
     for (std::string line; std::getline(lines, line);) args.push_back(line);
     EXPECT_EQ(args, run["args"].get<std::vector<std::string>>()) << "run " << i;
   }
-  o.index = 4;
-  try {
-    run_sweep_command(o);
-    FAIL() << "--index 4 of 4 runs accepted";
-  } catch (const ExperimentError& e) {
-    EXPECT_THAT(e.what(), HasSubstr("--index 4: the cpu scale has 4 runs, 0..3"));
+}
+
+TEST_F(SweepTest, AnIndexOutOfRangeIsRefused) {
+  load("experiment:\n" + kScales + kGrid);
+  SweepOptions o;
+  o.file = root_ / "experiments/exp.yaml";
+  o.scale = "cpu";
+  o.root = root_.str();
+  for (int64_t bad : {int64_t{4}, int64_t{-1}}) {
+    o.index = bad;
+    try {
+      run_sweep_command(o);
+      ADD_FAILURE() << "--index " << bad << " of 4 runs accepted";
+    } catch (const ExperimentError& e) {
+      EXPECT_THAT(e.what(), HasSubstr("--index " + std::to_string(bad) + ": the cpu scale has 4 runs, 0..3"));
+    }
   }
 }
 
@@ -194,20 +204,25 @@ TEST_F(SweepTest, BenchmarkRunsAreTheProgramsCommandLine) {
 }
 
 // Each rule of the format: the message names the file, the key, the value and the fix.
-TEST_F(SweepTest, EveryErrorNamesKeyValueAndFix) {
-  const std::string file = root_ / "experiments/exp.yaml";
-  auto expect_error = [&](const std::string& body, const std::string& fragment) {
+class SweepErrorTest : public SweepTest {
+ protected:
+  void expect_error(const std::string& body, const std::string& fragment) {
     const std::string msg = error_of(body);
-    EXPECT_THAT(msg, HasSubstr("experiment error (" + file + ")")) << body;
+    EXPECT_THAT(msg, HasSubstr("experiment error (" + root_ / "experiments/exp.yaml" + ")")) << body;
     EXPECT_THAT(msg, HasSubstr(fragment)) << body;
     EXPECT_THAT(msg, HasSubstr("Fix: ")) << body;
-  };
-  const std::string exp = "experiment:\n";
-  expect_error(exp + kScales + kGrid + "colour: blue\n", "colour = 'blue': unknown key (known here: experiment, scales, grid)");
-  expect_error("experiment: {nmae: x}\n" + kScales + kGrid, "experiment.nmae = 'x': unknown key");
-  expect_error("experiment: {kind: eval}\n" + kScales + kGrid, "experiment.kind = 'eval': must be train or benchmark");
-  expect_error("experiment: {name: a/b}\n" + kScales + kGrid, "experiment.name = 'a/b'");
-  std::string s = kScales;
+  }
+  const std::string exp_ = "experiment:\n";
+};
+
+TEST_F(SweepErrorTest, ExperimentAndScaleKeys) {
+  const std::string& exp = exp_;
+  const std::string& s = kScales;
+  expect_error(exp + s + kGrid + "colour: blue\n", "colour = 'blue': unknown key (known here: experiment, scales, grid)");
+  expect_error("experiment: {nmae: x}\n" + s + kGrid, "experiment.nmae = 'x': unknown key");
+  expect_error("experiment: {kind: eval}\n" + s + kGrid, "experiment.kind = 'eval': must be train or benchmark");
+  expect_error("experiment: {name: a/b}\n" + s + kGrid, "experiment.name = 'a/b'");
+  expect_error("grid: []\n", "experiment: missing: this is not an experiment file");
   expect_error(exp + s.substr(0, s.find("  paper:")) + kGrid, "scales: lacks the scale `paper`");
   expect_error(exp + s + "  gpu: {}\n" + kGrid, "scales.gpu");
   expect_error(exp + std::string(s).replace(s.find("experiments/base.yaml"), 21, "experiments/nope.yaml") + kGrid,
@@ -226,27 +241,32 @@ TEST_F(SweepTest, EveryErrorNamesKeyValueAndFix) {
   expect_error(exp + std::string(s).replace(s.find("name: seed, key"), 4, "nam") + kGrid, "scales.paper.grid[0].nam");
   expect_error(exp + std::string(s).replace(s.find("name: seed, key"), 10, "name: sed") + kGrid,
                "scales.paper.grid = axis 'sed': a scale's grid replaces top-level axes by name");
-  expect_error(exp + kScales, "grid: missing");
-  expect_error(exp + kScales + "grid: []\n", "grid = []: must be a non-empty list of axes");
-  expect_error(exp + kScales + "grid:\n  - {name: seed, key: train.sed, values: [1]}\n",
+}
+
+TEST_F(SweepErrorTest, GridAxes) {
+  const std::string head = exp_ + kScales;
+  expect_error(head, "grid: missing");
+  expect_error(head + "grid: []\n", "grid = []: must be a non-empty list of axes");
+  expect_error(head + "grid:\n  - {name: seed, key: train.sed, values: [1]}\n",
                "grid[0].values[0] = 'train.sed=1': not a valid config override: config error (--set train.sed=1): "
                "unknown key 'train.sed' (did you mean 'seed'?)");
-  expect_error(exp + kScales + "grid:\n  - {name: seed, key: train.seed, values: [one]}\n", "'one' is not an integer");
-  expect_error(exp + kScales + "grid:\n  - {name: seed, key: train.seed, values: []}\n",
+  expect_error(head + "grid:\n  - {name: seed, key: train.seed, values: [one]}\n", "'one' is not an integer");
+  expect_error(head + "grid:\n  - {name: seed, key: train.seed, values: []}\n",
                "grid[0] = axis 'seed': is empty: it would expand to no run");
-  expect_error(exp + kScales + "grid:\n  - {name: scheme, variants: {}}\n", "is empty: it would expand to no run");
-  expect_error(exp + kScales + "grid:\n  - {name: seed, key: train.seed, values: [1, 1]}\n",
+  expect_error(head + "grid:\n  - {name: scheme, variants: {}}\n", "is empty: it would expand to no run");
+  expect_error(head + "grid:\n  - {name: seed, key: train.seed, values: [1, 1]}\n",
                "grid[0].values[1] = 'seed1': appears twice in axis 'seed'");
-  expect_error(exp + kScales + "grid:\n  - {name: dp, key: compression.dp, values: [{name: topk}]}\n",
+  expect_error(head + "grid:\n  - {name: s, variants: {a: [train.seed=1], a: [train.seed=2]}}\n",
+               "grid[0].variants.a = 'a': appears twice in axis 's'");
+  expect_error(head + "grid:\n  - {name: dp, key: compression.dp, values: [{name: topk}]}\n",
                "a values axis takes scalars");
-  expect_error(exp + kScales + "grid:\n  - {name: seed, key: train.seed, values: [-1], label: \"\"}\n",
+  expect_error(head + "grid:\n  - {name: seed, key: train.seed, values: [-1], label: \"\"}\n",
                "grid[0].values[0] = '-1': a run-name part uses only");
-  expect_error(exp + kScales + "grid:\n  - {name: seed, key: train.seed, valeus: [1]}\n",
+  expect_error(head + "grid:\n  - {name: seed, key: train.seed, valeus: [1]}\n",
                "grid[0].valeus = [1]: unknown key (known here: name, key, values, label)");
-  expect_error(exp + kScales + "grid:\n  - {name: s, variants: {a: [train.seed=1]}, key: train.seed}\n",
+  expect_error(head + "grid:\n  - {name: s, variants: {a: [train.seed=1]}, key: train.seed}\n",
                "grid[0].key = 'train.seed': unknown key (known here: name, variants)");
-  expect_error(exp + kScales + kGrid + "  - {name: seed, key: train.lr, values: [1]}\n", "axis 'seed': is defined twice");
-  expect_error("grid: []\n", "experiment: missing: this is not an experiment file");
+  expect_error(head + kGrid + "  - {name: seed, key: train.lr, values: [1]}\n", "axis 'seed': is defined twice");
 }
 
 TEST_F(SweepTest, TheHeaderMustStateQuestionClaimAndExpectation) {
