@@ -11,6 +11,7 @@
 // writes results/<experiment>/<run>.h5. A benchmark run's arguments are
 //   PROGRAM <scale args>... <grid options>... --benchmark_out=results/<experiment>/<run>.json
 //           --benchmark_out_format=json
+// (Google Benchmark does not create results/<experiment>/: a runner creates results_dir first).
 //
 // Output of the command:
 //   (default)   one line per run: INDEX<TAB>RUN<TAB>the grid's overrides, shell-quoted, space-separated
