@@ -366,12 +366,11 @@ bool is_safe_name(const std::string& s) {
 }
 
 bool is_experiment_file(const std::string& path) {
-  try {
-    const YAML::Node root = YAML::LoadFile(path);
-    return root.IsMap() && root["experiment"];
-  } catch (const YAML::Exception&) {
-    return false;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("experiment:", 0) == 0) return true;
   }
+  return false;
 }
 
 Experiment load_experiment(const std::string& path, const std::string& root) {

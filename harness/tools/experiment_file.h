@@ -69,8 +69,9 @@ struct Experiment {
   const ExperimentScale& scale(const std::string& name) const;
 };
 
-/// True when the YAML file at `path` has a top-level `experiment:` key (an experiment file, not a
-/// config). False for unreadable or invalid YAML.
+/// True when the file at `path` has a line starting with `experiment:` (a top-level key): an
+/// experiment file, not a config. Textual, so a file with broken YAML still counts (and then
+/// fails to load) instead of passing for a config. False for an unreadable file.
 bool is_experiment_file(const std::string& path);
 
 /// Reads and checks the experiment file `path`. Paths inside it (base configs, programs) are
