@@ -13,11 +13,13 @@ Environment (all optional; slurm/submit and slurm/local document the same list):
                      its results and checkpoints go there instead (tests use a temporary directory)
   OPTCC_FIGURES      where make_figures.py writes (default paper)
 
+A run of kind train is `optcc train <args> <extra> --resume auto`; a run of kind benchmark is its
+program with the sweep's options (extra train args are not passed to it), one process.
 Rules:
   finished  <results dir>/<run>.done exists. It is written after `optcc train` exits 0, i.e. the run
             reached train.train_steps; a finished run is skipped (delete the .done file, and the
             run's checkpoint directory to start from step 0, to run it again).
-  resume    every run is started with --resume auto: it continues from its checkpoint directory's
+  resume    every train run is started with --resume auto: it continues from its checkpoint directory's
             newest checkpoint when there is one (a requeued or resubmitted task), else starts at step 0.
 """
 import datetime
@@ -84,28 +86,36 @@ class Run:
     def __init__(self, settings, plan, run):
         self.index = run["index"]
         self.name = run["run"]
+        self.kind = run.get("kind", "train")  # train | benchmark (args start with the program)
         self.world_size = run["world_size"]
         self.args = list(run["args"])
         experiment_dir = os.path.relpath(plan["results_dir"], "results")
         self.results_dir = os.path.join(settings.results, experiment_dir)
-        self.checkpoint_dir = run["checkpoint_dir"]
+        self.results = os.path.join(self.results_dir, os.path.basename(run["results"]))
+        self.checkpoint_dir = run.get("checkpoint_dir") or ""
         if settings.redirected():
-            rel = os.path.relpath(run["checkpoint_dir"], plan["results_dir"])
-            if rel.startswith(".."):  # checkpoints outside the results dir: give them one inside
-                rel = os.path.join("ckpt", self.name)
-            self.checkpoint_dir = os.path.join(self.results_dir, rel)
-            self.args += ["--set", f"log.dir={self.results_dir}", "--set", f"checkpoint.dir={self.checkpoint_dir}"]
-        self.results = os.path.join(self.results_dir, self.name + ".h5")
+            self.redirect(plan, run)
         self.marker = os.path.join(self.results_dir, self.name + ".done")
+
+    def redirect(self, plan, run):
+        """Results (and checkpoints) under settings.results: later options win over the sweep's."""
+        if self.kind == "benchmark":
+            self.args.append(f"--benchmark_out={self.results}")
+            return
+        rel = os.path.relpath(run["checkpoint_dir"], plan["results_dir"])
+        if rel.startswith(".."):  # checkpoints outside the results dir: give them one inside
+            rel = os.path.join("ckpt", self.name)
+        self.checkpoint_dir = os.path.join(self.results_dir, rel)
+        self.args += ["--set", f"log.dir={self.results_dir}", "--set", f"checkpoint.dir={self.checkpoint_dir}"]
 
     def finished(self):
         return os.path.exists(os.path.join(ROOT, self.marker))
 
     def has_checkpoint(self):
-        return os.path.exists(os.path.join(ROOT, self.checkpoint_dir, "latest"))
+        return bool(self.checkpoint_dir) and os.path.exists(os.path.join(ROOT, self.checkpoint_dir, "latest"))
 
     def state(self):
-        """'finished (skipped)', 'resumes from DIR' or 'starts at step 0'."""
+        """'finished: ... skipped', 'resumes from DIR' or 'starts at step 0'."""
         if self.finished():
             return f"finished: {self.marker} exists, skipped"
         if self.has_checkpoint():
@@ -113,7 +123,10 @@ class Run:
         return "starts at step 0"
 
     def train_args(self, extra):
-        """optcc's arguments: the sweep's, the caller's extra ones, then --resume auto (unless given)."""
+        """optcc's arguments: the sweep's, the caller's extra ones, then --resume auto (unless given).
+        A benchmark run's are the sweep's (program and options) only: extra train args do not apply."""
+        if self.kind == "benchmark":
+            return list(self.args)
         args = self.args + list(extra)
         if not any(a == "--resume" or a.startswith("--resume=") for a in extra):
             args += ["--resume", "auto"]
@@ -129,10 +142,14 @@ class Run:
 
 def launch_command(settings, run, extra, launcher):
     """The command that trains `run`: srun starts world_size tasks in a Slurm allocation; local starts
-    the ranks as processes of this machine (--nproc)."""
-    train = [settings.optcc, *run.train_args(extra)]
+    the ranks as processes of this machine (--nproc). A benchmark run is its program, one process."""
+    if run.kind == "benchmark":
+        program, *options = run.train_args(extra)
+        train = [os.path.join(ROOT, program), *options]
+    else:
+        train = [settings.optcc, *run.train_args(extra)]
     if launcher == "local":
-        return train + ["--nproc", str(run.world_size)]
+        return train if run.kind == "benchmark" else train + ["--nproc", str(run.world_size)]
     srun = ["srun", "--kill-on-bad-exit=1"]
     if os.environ.get("SLURM_CPUS_PER_TASK"):  # srun does not inherit sbatch's --cpus-per-task (22.05+)
         srun.append(f"--cpus-per-task={os.environ['SLURM_CPUS_PER_TASK']}")
@@ -145,6 +162,7 @@ def run_one(settings, run, extra, launcher):
         print(f"[{run.index}] {run.name}: finished ({run.marker} exists), skipped", flush=True)
         return 0
     command = launch_command(settings, run, extra, launcher)
+    os.makedirs(os.path.join(ROOT, run.results_dir), exist_ok=True)  # a benchmark's --benchmark_out needs it
     print(f"[{run.index}] {run.name}: {run.state()}\n  {shlex.join(command)}", flush=True)
     code = subprocess.run(command, cwd=ROOT).returncode
     if code == 0:
