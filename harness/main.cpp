@@ -13,6 +13,7 @@
 //   optcc config show --config experiments/demo.yaml [--set ...]
 //   optcc traffic --config experiments/paper/gpt-2.5b.yaml [--set ...] [--world N] [--json]
 //   optcc trace results/run.h5 [--step N] [-o trace.json] [--breakdown]
+//   optcc sweep experiments/table2.yaml --scale cpu|paper [--json | --index I | --check]
 #include <CLI/CLI.hpp>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
@@ -28,6 +29,7 @@
 #include "harness/config/config.h"
 #include "harness/parallel/distributed.h"
 #include "harness/parallel/threads.h"
+#include "harness/tools/sweep.h"
 #include "harness/tools/trace.h"
 #include "harness/tools/traffic_report.h"
 #include "harness/train/network_setup.h"
@@ -116,6 +118,9 @@ struct Cli {
   CLI::App* trace = nullptr;
   TraceOptions trace_opts;
   int64_t trace_step = -1;
+  CLI::App* sweep = nullptr;
+  SweepOptions sweep_opts;
+  int64_t sweep_index = -1;
 
   void add_config(CLI::App* sub) {
     sub->add_option("--config,-c", config_path, "experiment YAML (experiments/*.yaml)")->required();
@@ -198,6 +203,20 @@ void add_trace_command(CLI::App& app, Cli& c) {
       ->transform(decimal_integer());
   c.trace->add_option("-o,--output", c.trace_opts.output, "write Chrome trace-event JSON here (Perfetto, chrome://tracing)");
   c.trace->add_flag("--breakdown", c.trace_opts.breakdown, "print the time breakdown per step (the run stored it in /breakdown)");
+}
+
+// optcc sweep: an experiment file's runs (harness/tools/sweep.h); no config.
+void add_sweep_command(CLI::App& app, Cli& c) {
+  c.sweep = app.add_subcommand("sweep", "expand an experiment file (experiments/README.md) into its runs");
+  c.sweep->add_option("experiment", c.sweep_opts.file, "experiment file (experiments/table2.yaml)")->required();
+  c.sweep->add_option("--scale", c.sweep_opts.scale, "cpu or paper")->required()->check(CLI::IsMember({"cpu", "paper"}));
+  auto* json = c.sweep->add_flag("--json", c.sweep_opts.json, "every run as JSON (for scripts)");
+  auto* index = c.sweep->add_option("--index", c.sweep_index, "print run I's optcc arguments, one per line")
+                    ->transform(decimal_integer());
+  auto* check = c.sweep->add_flag("--check", c.sweep_opts.check, "load and validate every run's config; exit 2 "
+                                  "naming each bad run");
+  json->excludes(index)->excludes(check);
+  index->excludes(check);
 }
 
 // optcc traffic: analytic, no process group, no data.
@@ -302,6 +321,7 @@ int main(int argc, char** argv) {
   add_config_command(app, cli);
   add_traffic_command(app, cli);
   add_trace_command(app, cli);
+  add_sweep_command(app, cli);
 
   CLI11_PARSE(app, argc, argv);
 
@@ -309,6 +329,10 @@ int main(int argc, char** argv) {
     if (cli.trace->parsed()) {
       if (cli.trace_step >= 0) cli.trace_opts.step = cli.trace_step;
       return run_trace_command(cli.trace_opts);
+    }
+    if (cli.sweep->parsed()) {
+      if (cli.sweep->get_option("--index")->count() > 0) cli.sweep_opts.index = cli.sweep_index;
+      return run_sweep_command(cli.sweep_opts);
     }
     Config cfg = load_config(cli.config_path, cli.overrides);
     return dispatch(cli, cfg, argc, argv);
