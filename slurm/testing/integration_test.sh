@@ -37,6 +37,7 @@ done
 [ -x "$OPTCC" ] || { echo "FAIL: OPTCC=$OPTCC is not an executable (build it first)" >&2; exit 1; }
 
 tmp=$(mktemp -d /tmp/optcc-slurm-test.XXXXXX)
+chmod 755 "$tmp"  # munged's socket lives below it (start.sh)
 export OPTCC_SLURM_DIR=$tmp/cluster OPTCC_SLURM_PORT=${OPTCC_SLURM_PORT:-6827}
 export OPTCC_RESULTS=$tmp/results OPTCC_FIGURES=$tmp/paper OPTCC_SLURM_LOGS=$tmp/logs
 . slurm/testing/common.sh  # SLURM_CONF, show_logs
@@ -70,7 +71,7 @@ with open(sys.argv[1], "w") as f:
         f.write(" ".join(s).capitalize() + "\n\n")
 EOF
 data=(--set "data.sources=[$tmp/corpus.txt]" --set "data.dir=$tmp/data" --set "data.prefix=$tmp/data/corpus"
-      --set data.vocab_size=128 --set data.split=90,10,0)
+      --set data.vocab_size=320 --set data.split=90,10,0)
 "$OPTCC" data prepare --config experiments/smoke.yaml "${data[@]}" >"$tmp/prepare.log" 2>&1 ||
   { cat "$tmp/prepare.log" >&2; fail "optcc data prepare of the test corpus"; }
 

@@ -65,6 +65,15 @@ CONF
 }
 
 start_munged() {
+  local d=$SLURM_DIR
+  while [ "$d" != / ]; do  # munged refuses a socket below a directory others cannot enter
+    if [ "$(( 0$(stat -c %a "$d") & 01 ))" -eq 0 ]; then
+      echo "start.sh: $d is not searchable by others (mode $(stat -c %a "$d")); munged needs every directory" \
+           "above its socket to be (o+x). Fix: chmod o+x $d, or set OPTCC_SLURM_DIR elsewhere." >&2
+      exit 1
+    fi
+    d=$(dirname "$d")
+  done
   [ -s "$SLURM_DIR/munge/munge.key" ] || mungekey --create --keyfile="$SLURM_DIR/munge/munge.key" >/dev/null
   chmod 600 "$SLURM_DIR/munge/munge.key"
   munged --socket="$MUNGE_SOCKET" --key-file="$SLURM_DIR/munge/munge.key" \
