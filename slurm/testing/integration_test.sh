@@ -53,6 +53,7 @@ finish() {
   exit "$code"
 }
 trap finish EXIT
+trap 'exit 143' TERM INT  # so that finish runs (stops the cluster) when the test is interrupted
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
 bash slurm/testing/start.sh
@@ -100,7 +101,7 @@ submit_and_wait() {
   echo "jobs $jobs completed ($((SECONDS - t0)) s since the start)"
 }
 
-echo "== submit"
+echo "== submit ($((SECONDS - t0)) s)"
 submit_and_wait
 "$PYTHON" slurm/testing/check_results.py runs "$tmp/plan.json" "$OPTCC_RESULTS" || fail "results files"
 "$PYTHON" slurm/testing/check_results.py index "$tmp/plan.json" "$OPTCC_RESULTS" || fail "results index"
@@ -114,7 +115,7 @@ else
   echo "NOTE: scripts/make_figures.py not in this tree yet: figure check not run"
 fi
 
-echo "== resubmit: finished runs are skipped"
+echo "== resubmit: finished runs are skipped ($((SECONDS - t0)) s)"
 ls "$out" >"$tmp/files.before"
 slurm/submit "$exp" --scale cpu "${data[@]}" | tee "$tmp/submit.out"
 grep -q "^nothing to submit" "$tmp/submit.out" || fail "a resubmission of finished runs submitted jobs"
@@ -124,7 +125,7 @@ sbatch --wait --quiet --chdir="$PWD" --array=0 --nodes=1 --ntasks-per-node=2 --o
 grep -q "finished (.*), skipped" "$tmp"/logs/requeue-*_0.out || fail "the task of a finished run did not skip it"
 ls "$out" | diff "$tmp/files.before" - || fail "files changed in $out although every run was finished"
 
-echo "== resubmit after removing ${runs[1]}.done: that run resumes from its checkpoint"
+echo "== resubmit after removing ${runs[1]}.done: that run resumes from its checkpoint ($((SECONDS - t0)) s)"
 rm "$out/${runs[1]}.done"
 submit_and_wait
 grep -q "resumes from" "$OPTCC_SLURM_LOGS"/"$name"-*_1.out || fail "task 1 did not resume from its checkpoint"
