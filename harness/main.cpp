@@ -14,6 +14,8 @@
 //   optcc traffic --config experiments/paper/gpt-2.5b.yaml [--set ...] [--world N] [--json]
 //   optcc trace results/run.h5 [--step N] [-o trace.json] [--breakdown]
 //   optcc sweep experiments/table2.yaml --scale cpu|paper [--json | --index I | --check]
+//   optcc eval --checkpoint DIR [--split valid|test] [--layout tp,pp,dp] [--nproc N] [--set ...]
+//              [--documents N] [--output FILE.h5]   (harness/tools/eval_checkpoint.h)
 #include <CLI/CLI.hpp>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
@@ -26,6 +28,7 @@
 #include "datasets/cli_integer.h"
 #include "harness/tools/bench.h"
 #include "harness/tools/comm_check.h"
+#include "harness/tools/eval_checkpoint.h"
 #include "harness/config/config.h"
 #include "harness/parallel/distributed.h"
 #include "harness/parallel/threads.h"
@@ -121,6 +124,8 @@ struct Cli {
   CLI::App* sweep = nullptr;
   SweepOptions sweep_opts;
   int64_t sweep_index = -1;
+  CLI::App* eval = nullptr;
+  EvalOptions eval_opts;
 
   void add_config(CLI::App* sub) {
     sub->add_option("--config,-c", config_path, "experiment YAML (experiments/*.yaml)")->required();
@@ -217,6 +222,35 @@ void add_sweep_command(CLI::App& app, Cli& c) {
                                   "naming each bad run");
   json->excludes(index)->excludes(check);
   index->excludes(check);
+// optcc eval: the config comes from the checkpoint, not from --config.
+void add_eval_command(CLI::App& app, Cli& c) {
+  c.eval = app.add_subcommand("eval", "loss, perplexity and last-word accuracy of a checkpoint of any layout, on one "
+                                      "process or another layout");
+  auto& o = c.eval_opts;
+  c.eval->add_option("--checkpoint", o.checkpoint, "checkpoint.dir holding `latest`, or an iter_NNNNNNN directory")
+      ->required();
+  c.eval->add_option("--split", o.split, "held-out documents: valid (default) or test");
+  c.eval->add_option("--layout", o.layout, "tp,pp,dp of the evaluation (default 1,1,1: one process)");
+  c.eval->add_option("--nproc", c.nproc, "local ranks to fork (tp*pp*dp; omit under srun/torchrun)")
+      ->transform(decimal_integer());
+  c.eval->add_option("--set", o.overrides, "override: parallel.*, train.eval_iters, train.micro_batch_size, "
+                                           "train.threads, data.prefix/dir/split, log.dir/run_name/level");
+  c.eval->add_option("--documents", o.documents, "last-word documents (default 1000; 0 skips the metric)")
+      ->transform(decimal_integer());
+  c.eval->add_option("--output", o.output, "results file (default <log.dir>/<run>.eval-<step>.h5)");
+}
+
+int eval_command(const Cli& c, int argc, char** argv) {
+  EvalOptions o = c.eval_opts;
+  o.command_line = command_line(argc, argv);
+  if (c.nproc > 1 && std::getenv("OPTCC_RANK") == nullptr) {  // the local launcher: check, then fork
+    const Config cfg = eval_config_of(o, c.nproc);
+    return launch_local(c.nproc, std::vector<std::string>(argv, argv + argc),
+                        std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000)));
+  }
+  const EvalResult r = run_eval(o);
+  if (!r.results_path.empty()) std::cout << eval_report(r);  // global rank 0
+  return 0;
 }
 
 // optcc traffic: analytic, no process group, no data.
@@ -322,6 +356,7 @@ int main(int argc, char** argv) {
   add_traffic_command(app, cli);
   add_trace_command(app, cli);
   add_sweep_command(app, cli);
+  add_eval_command(app, cli);
 
   CLI11_PARSE(app, argc, argv);
 
@@ -334,6 +369,7 @@ int main(int argc, char** argv) {
       if (cli.sweep->get_option("--index")->count() > 0) cli.sweep_opts.index = cli.sweep_index;
       return run_sweep_command(cli.sweep_opts);
     }
+    if (cli.eval->parsed()) return eval_command(cli, argc, argv);
     Config cfg = load_config(cli.config_path, cli.overrides);
     return dispatch(cli, cfg, argc, argv);
   } catch (const ConfigError& e) {
