@@ -570,6 +570,9 @@ def find_benchmarks(results_dir):
             path = os.path.join(root, name)
             try:
                 with open(path) as f:
+                    if '"context"' not in f.read(4096):  # Google Benchmark writes it first; skips traces
+                        continue
+                    f.seek(0)
                     doc = json.load(f)
             except (OSError, ValueError):
                 continue
