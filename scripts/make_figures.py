@@ -142,7 +142,7 @@ class Configuration:
 
     def __init__(self, key, runs):
         self.key = key
-        self.runs = sorted(runs, key=lambda r: (str(r.seed), r.name))
+        self.runs = sorted(runs, key=lambda r: (_value_sort(r.seed), r.name))
         by = {s: [r for r in self.runs if r.status()[0] == s] for s in R.STATUSES}
         self.complete, self.partial, self.failed = by["complete"], by["partial"], by["failed"]
         self.flat = R.flatten(self.runs[0].configuration())
@@ -197,17 +197,21 @@ def group_configurations(experiment, runs):
     for r in runs:
         groups.setdefault(r.configuration_hash() if r.config else f"failed:{r.name}", []).append(r)
     configs = [Configuration(k, v) for k, v in groups.items()]
-    keys = sorted({k for c in configs for k in c.flat})
-    varying = [k for k in keys if len({json.dumps(c.flat.get(k)) for c in configs}) > 1]
+    known = [c for c in configs if c.runs[0].config]  # a file without a config has no values to compare
+    keys = sorted({k for c in known for k in c.flat})
+    varying = [k for k in keys if len({json.dumps(c.flat.get(k)) for c in known}) > 1]
     scheme = "compression.scheme"
     if scheme in varying:  # leave out what the scheme determines
         def determined(k):
             seen = {}
             return all(seen.setdefault(c.flat.get(scheme), json.dumps(c.flat.get(k))) == json.dumps(c.flat.get(k))
-                       for c in configs)
+                       for c in known)
         varying = [scheme] + [k for k in varying if k != scheme and not determined(k)]
     short = _short_names(varying)
     for c in configs:
+        if not c.runs[0].config:
+            c.label = f"{c.runs[0].name} (no config)"
+            continue
         parts = []
         for k in varying:
             v = c.flat.get(k)
@@ -232,11 +236,12 @@ def reference(configs):
     for c in configs:
         if c.flat.get("compression.scheme") == "baseline":
             return c, "compression.scheme = baseline"
+    def off(spec):  # a CompressorSpec as the effective config writes it: none, fp16, {name: ..., ...}
+        return spec in (None, "none") or (isinstance(spec, dict) and spec.get("name") == "none")
     for c in configs:
-        comp = {k: v for k, v in c.flat.items() if k.startswith("compression.")}
-        if all(comp.get(f"compression.{k}", "none") == "none"
-               for k in ("dp", "pipeline_backward", "pipeline_forward", "embedding", "tp")) \
-                and not comp.get("compression.fused_embedding", False):
+        comp = c.runs[0].configuration().get("compression") or {}
+        if all(off(comp.get(k)) for k in ("dp", "pipeline_backward", "pipeline_forward", "embedding", "tp")) \
+                and not comp.get("fused_embedding", False):
             return c, "no compression"
     return configs[0], "the first configuration"
 
@@ -601,7 +606,8 @@ class Experiment:
     def __init__(self, name, runs, out):
         self.name, self.out = name, out
         self.configs = group_configurations(name, runs)
-        self.ref, self.why = reference(self.configs)
+        self.usable = [c for c in self.configs if c.used]  # with a training step to show
+        self.ref, self.why = reference(self.usable) if self.usable else (None, "")
         self.made, self.skipped, self.errors = [], [], []
 
     def step(self, what, make):
@@ -617,8 +623,7 @@ class Experiment:
             self.made.append(what)
 
     def render(self):
-        d = self.name
-        usable = [c for c in self.configs if c.used]
+        d, usable = self.name, self.usable
         self.step("table", lambda: "no run with a training step" if not usable else
                   self.out.table(f"{d}/table", summary_table(d, usable, self.ref, self.why)))
         self.step("curves", lambda: self._figure("curves", curves_figure(d, usable), "no /train or /eval rows"))

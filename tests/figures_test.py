@@ -135,6 +135,16 @@ def build_results(root):
     write_file(os.path.join(root, "loose.h5"), attrs_of("baseline", 1, "loose", "2026-01-01T00:00:00Z"),
                run_rows("baseline", 1, 1, STEPS, (6.0, math.exp(6.0))))
     write_benchmark(os.path.join(root, "bench", "compression.json"))
+    abl = os.path.join(root, "ablation")  # one scheme, the CB rank varies; labels come from that key
+    os.makedirs(abl)
+    for rank in (16, 4):
+        a = attrs_of("cb", 1, f"rank{rank}", "2026-01-01T00:00:00Z")
+        cfg = yaml.safe_load(a["config"])
+        cfg["compression"]["pipeline_backward"]["rank"] = rank
+        a["config"] = yaml.safe_dump(cfg)
+        write_file(os.path.join(abl, f"rank{rank}.h5"), a, run_rows("cb", 1, 1, STEPS, (5.0 + rank / 100, 150.0)))
+    with open(os.path.join(abl, "broken.h5"), "wb") as f:
+        f.write(b"")
 
 
 def write_benchmark(path):
@@ -183,6 +193,7 @@ class FiguresTest(unittest.TestCase):
 
     def test_index_statuses_and_steps(self):
         rows = self.index()
+        rows = {k: v for k, v in rows.items() if k[0] != "ablation"}
         self.assertEqual(sorted(rows), [("", "loose"), ("exp", "baseline-s1"), ("exp", "baseline-s2"),
                                         ("exp", "baseline-s3"), ("exp", "broken"), ("exp", "cb-s1"),
                                         ("exp", "cb-s2"), ("exp", "cb_fe-s1"), ("exp", "empty")])
@@ -193,7 +204,7 @@ class FiguresTest(unittest.TestCase):
         self.assertEqual(rows[("exp", "cb_fe-s1")]["note"], "step 6 of 10")
         self.assertEqual(rows[("exp", "empty")]["note"], "no training step flushed")
         self.assertIn("no readable file", rows[("exp", "broken")]["note"])
-        self.assertIn("9 runs (6 complete, 1 partial, 2 failed)", self.index_run.stdout)
+        self.assertIn("12 runs (8 complete, 1 partial, 3 failed)", self.index_run.stdout)
 
     def test_index_final_values_exact(self):
         rows = self.index()
@@ -284,6 +295,13 @@ class FiguresTest(unittest.TestCase):
         self.assertIn("| lowrank encode | 1024x1920 | 2.50 | 1.20 |", md)  # medians of the repetitions
         self.assertIn("| powersgd reduce | 1024x1920 |  | 0.70 |", md)
         self.assertIn("at its defaults: int8 encode 1024x1920: 5.00 GB/s", md)
+
+    def test_ablation_labels(self):
+        with open(os.path.join(self.paper, "ablation", "table.md")) as f:
+            md = f.read()
+        rows = [l.split(" | ")[0].lstrip("| ") for l in md.splitlines() if l.startswith("| rank=")]
+        self.assertEqual(rows, ["rank=4", "rank=16"])  # numeric order; the unreadable file adds no key
+        self.assertIn("- reference: rank=4 (the first configuration)", md)
 
     def test_experiment_filter(self):
         other = os.path.join(self.tmp.name, "only")
