@@ -303,6 +303,28 @@ class FiguresTest(unittest.TestCase):
         self.assertEqual(rows, ["rank=4", "rank=16"])  # numeric order; the unreadable file adds no key
         self.assertIn("- reference: rank=4 (the first configuration)", md)
 
+    def test_compact_keeps_every_value(self):
+        import shutil
+        sys.path.insert(0, os.path.join(SOURCE, "scripts"))
+        import optcc_results as R
+        src = os.path.join(self.results, "exp", "cb-s1.h5")
+        dst = os.path.join(self.tmp.name, "compact", "cb-s1.h5")
+        os.makedirs(os.path.dirname(dst))
+        shutil.copy(src, dst)
+        r = script("compact_results.py", dst)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertLess(os.path.getsize(dst), os.path.getsize(src))
+        a, b = R.Run.from_paths([src]), R.Run.from_paths([dst])
+        self.assertEqual(a.attrs, b.attrs)
+        for t in TABLES:
+            ta, tb = a.table(t), b.table(t)
+            self.assertEqual(sorted(ta), sorted(tb))
+            for c in ta:
+                self.assertEqual(ta[c].dtype, tb[c].dtype)
+                self.assertEqual(ta[c].tolist(), tb[c].tolist(), f"{t}/{c}")
+        with h5py.File(dst, "r") as f:
+            self.assertEqual((f["train"].attrs["columns"], f["train/loss"].compression), (",".join(TABLES["train"]), "gzip"))
+
     def test_experiment_filter(self):
         other = os.path.join(self.tmp.name, "only")
         r = script("make_figures.py", "--results", self.results, "--out", other, "--experiment", "nope")
