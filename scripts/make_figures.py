@@ -366,16 +366,58 @@ def draw(ax, configs, table, column, reduce=None):
     return drawn
 
 
-def curves_figure(experiment, configs):
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.8))
-    ok_train = draw(a, configs, "train", "loss")
+def _running_mean(window):
+    """Per-run reduction: the mean of the last `window` values at each step (1 = unchanged)."""
+    def reduce(steps, values):
+        if window <= 1 or len(values) < window:
+            return steps, values
+        c = np.cumsum(np.concatenate([[0.0], values]))
+        return steps[window - 1:], (c[window:] - c[:-window]) / window
+    return reduce
+
+
+def paired_eval_difference(config, ref):
+    """(steps, mean, std, n) of this configuration's validation loss minus the reference's, per seed
+    both ran (used runs), at the evaluation steps all those pairs share; None without a pair."""
+    def by_seed(c):
+        return {str(r.seed): dict(zip(*(x.tolist() for x in series(r, "eval", "loss")))) for r in c.used
+                if series(r, "eval", "loss")[0] is not None}
+    mine, theirs = by_seed(config), by_seed(ref)
+    pairs = [(mine[s], theirs[s]) for s in sorted(mine) if s in theirs]
+    if not pairs:
+        return None
+    steps = sorted(set.intersection(*(set(a) & set(b) for a, b in pairs)))
+    if not steps:
+        return None
+    d = np.array([[a[t] - b[t] for t in steps] for a, b in pairs])
+    std = d.std(axis=0, ddof=1) if len(pairs) > 1 else np.zeros(len(steps))
+    return np.array(steps), d.mean(axis=0), std, len(pairs)
+
+
+def curves_figure(experiment, configs, ref):
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 3.8))
+    longest = max((r.last_step for cf in configs for r in cf.used), default=0)
+    window = max(1, longest // 50)
+    ok_train = draw(a, configs, "train", "loss", _running_mean(window))
     ok_eval = draw(b, configs, "eval", "ppl")
     if not ok_train and not ok_eval:
         plt.close(fig)
         return None
-    a.set(xlabel="step", ylabel="training loss (nats)", title=f"{experiment}: training loss")
+    a.set(xlabel="step", ylabel="training loss (nats)",
+          title=f"{experiment}: training loss" + (f" (running mean of {window})" if window > 1 else ""))
     b.set(xlabel="step", ylabel="validation perplexity", title="validation perplexity (Fig. 9)", yscale="log")
     b.legend(loc="upper right")
+    for cf in configs:
+        d = paired_eval_difference(cf, ref) if cf is not ref else None
+        if d is not None:
+            c.plot(d[0], d[1], color=cf.color, lw=1.2, ls="--" if cf.is_partial else "-",
+                   label=f"{cf.display()} (n={d[3]})")
+            if d[3] > 1:
+                c.fill_between(d[0], d[1] - d[2], d[1] + d[2], color=cf.color, alpha=0.2, lw=0)
+    c.axhline(0, color=ref.color, lw=1.0)
+    c.set(xlabel="step", ylabel="Δ validation loss (nats)", title=f"minus {ref.label}, paired by seed")
+    if c.get_legend_handles_labels()[0]:
+        c.legend()
     return fig
 
 
@@ -434,6 +476,9 @@ def memory_outputs(experiment, configs):
         v = np.array([r[2][k] for r in rows])
         ax.bar(range(len(rows)), v, bottom=bottom, color=f"C{j}", label=k)
         bottom += v
+    rest = np.array([max(0.0, r[2]["tracked_peak"] - b) for r, b in zip(rows, bottom)])
+    ax.bar(range(len(rows)), rest, bottom=bottom, color="0.85", hatch="//", edgecolor="0.6", lw=0,
+           label="rest of the tracked peak")
     ax.set_xticks(range(len(rows)), [r[0].display() for r in rows], rotation=20, ha="right")
     ax.set(ylabel="MiB", title=f"{experiment}: tensor memory by component (Fig. 12)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -626,7 +671,7 @@ class Experiment:
         d, usable = self.name, self.usable
         self.step("table", lambda: "no run with a training step" if not usable else
                   self.out.table(f"{d}/table", summary_table(d, usable, self.ref, self.why)))
-        self.step("curves", lambda: self._figure("curves", curves_figure(d, usable), "no /train or /eval rows"))
+        self.step("curves", lambda: self._figure("curves", curves_figure(d, usable, self.ref), "no /train or /eval rows"))
         self.step("pareto", lambda: self._figure("pareto", pareto_figure(d, usable),
                                                  "fewer than 2 configurations with a final ppl and /traffic"))
         self.step("memory", lambda: self._pair("memory", memory_outputs(d, usable), "no /memory_components rows"))
