@@ -146,7 +146,7 @@ class Configuration:
         by = {s: [r for r in self.runs if r.status()[0] == s] for s in R.STATUSES}
         self.complete, self.partial, self.failed = by["complete"], by["partial"], by["failed"]
         self.flat = R.flatten(self.runs[0].configuration())
-        self.label, self.color = "", "C0"
+        self.label, self.color, self.differ = "", "C0", []
 
     @property
     def used(self):
@@ -191,6 +191,20 @@ def _short_names(keys):
     return out
 
 
+def name_stem(config):
+    """The run name without its seed part: `optcc sweep` names runs by their grid values joined with
+    '-' (baseline-seed1), so the tokens that differ between the configuration's runs, or a lone
+    `seed<N>` token, are the seed. None when the names do not split alike."""
+    tokens = [r.name.split("-") for r in config.runs]
+    if len({len(t) for t in tokens}) != 1:
+        return None
+    if len(tokens) > 1:
+        kept = [p for i, p in enumerate(tokens[0]) if len({t[i] for t in tokens}) == 1]
+    else:
+        kept = [p for p in tokens[0] if not re.fullmatch(r"seed\d+", p)]
+    return "-".join(kept) or None
+
+
 def group_configurations(experiment, runs):
     """The experiment's configurations, labelled and sorted (reference first where it is baseline)."""
     groups = {}
@@ -217,6 +231,12 @@ def group_configurations(experiment, runs):
             v = c.flat.get(k)
             parts.append(str(v) if k == scheme else f"{short[k]}={'-' if v is None else v}")
         c.label = ", ".join(parts) or (c.runs[0].scheme if c.runs[0].scheme != "(none)" else experiment)
+    stems = [name_stem(c) for c in known]
+    if known and None not in stems and len(set(stems)) == len(stems):  # the sweep's names: grid values
+        for c, stem in zip(known, stems):
+            c.label = stem
+    for c in configs:
+        c.differ = [k + (" (and the keys it sets)" if k == scheme else "") for k in varying]
 
     def sort_key(c):
         out = []
@@ -304,7 +324,7 @@ def summary_table(experiment, configs, ref, why):
         row += [f"{mb[k]:.3f}" if mb else "" for k in R.DATA_CLASSES]
         row.append(f"{sum(mb[k] for k in R.DATA_CLASSES):.3f}" if mb else "")
         rows.append(row)
-    notes = [f"reference: {ref.label} ({why})",
+    notes = [f"reference: {ref.label} ({why}); configurations differ in: {', '.join(ref.differ) or 'nothing'}",
              "valid ppl/loss: last evaluation of each run; mean ± sample std (n - 1) over seeds of the complete runs "
              "(partial runs: up to their last flush)",
              "Δ loss: this run's final valid loss minus the reference run's of the same seed",
@@ -450,7 +470,8 @@ def pareto_figure(experiment, configs):
 
 
 def memory_rows(configs):
-    """[(configuration, rank, {component: MiB})] at the last step, rank with the largest tracked peak."""
+    """[(configuration, {component: MiB})]: each component's largest value over the ranks at the
+    last recorded step, mean over the used runs."""
     out = []
     for c in configs:
         per = []
@@ -459,10 +480,9 @@ def memory_rows(configs):
             if not m or not len(m["step"]):
                 continue
             last = m["step"] == m["step"].max()
-            i = np.flatnonzero(last)[int(np.argmax(m["tracked_peak"][last]))]
-            per.append((int(m["rank"][i]), {k: float(m[k][i]) / 2**20 for k in R.MEMORY_COMPONENTS + ["tracked_peak"]}))
+            per.append({k: float(m[k][last].max()) / 2**20 for k in R.MEMORY_COMPONENTS + ["tracked_peak"]})
         if per:
-            out.append((c, per[0][0], {k: float(np.mean([p[1][k] for p in per])) for k in per[0][1]}))
+            out.append((c, {k: float(np.mean([p[k] for p in per])) for k in per[0]}))
     return out
 
 
@@ -473,19 +493,20 @@ def memory_outputs(experiment, configs):
     fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(rows) + 3), 4))
     bottom = np.zeros(len(rows))
     for j, k in enumerate(R.MEMORY_COMPONENTS):
-        v = np.array([r[2][k] for r in rows])
+        v = np.array([r[1][k] for r in rows])
         ax.bar(range(len(rows)), v, bottom=bottom, color=f"C{j}", label=k)
         bottom += v
-    rest = np.array([max(0.0, r[2]["tracked_peak"] - b) for r, b in zip(rows, bottom)])
+    rest = np.array([max(0.0, r[1]["tracked_peak"] - b) for r, b in zip(rows, bottom)])
     ax.bar(range(len(rows)), rest, bottom=bottom, color="0.85", hatch="//", edgecolor="0.6", lw=0,
            label="rest of the tracked peak")
     ax.set_xticks(range(len(rows)), [r[0].display() for r in rows], rotation=20, ha="right")
     ax.set(ylabel="MiB", title=f"{experiment}: tensor memory by component (Fig. 12)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
-    header = ["configuration", "rank"] + [f"{k} MiB" for k in R.MEMORY_COMPONENTS] + ["tracked peak MiB"]
-    body = [[c.display(), str(rank)] + [f"{m[k]:.3f}" for k in R.MEMORY_COMPONENTS] + [f"{m['tracked_peak']:.3f}"]
-            for c, rank, m in rows]
-    notes = ["the rank with the largest tracked peak at the last recorded step; mean over seeds",
+    header = ["configuration"] + [f"{k} MiB" for k in R.MEMORY_COMPONENTS] + ["tracked peak MiB"]
+    body = [[c.display()] + [f"{m[k]:.3f}" for k in R.MEMORY_COMPONENTS] + [f"{m['tracked_peak']:.3f}"]
+            for c, m in rows]
+    notes = ["each component's largest value over the ranks at the last recorded step (so a bar may add "
+             "parts of different ranks), mean over seeds; /memory_components, harness/records/memory_tracker.h",
              "activations_peak: peak during the pipeline schedule above the memory held when it started"]
     return fig, Table(f"{experiment}: tensor memory by component (MiB)", header, body, notes)
 

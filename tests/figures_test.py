@@ -7,8 +7,8 @@ make_figures.py on the committed reference results.
 
 Runs (experiment "exp", train.train_steps = 10; one root file outside any experiment):
   baseline seeds 1, 2, 3    complete
-  cb seeds 1, 2             complete; seed 2 in two files: cb-s2.h5 flushed steps 1..7 and was resumed
-                            from its step-5 checkpoint into cb-s2.resumed-5.h5 (steps 6..10, other
+  cb seeds 1, 2             complete; seed 2 in two files: cb-seed2.h5 flushed steps 1..7 and was resumed
+                            from its step-5 checkpoint into cb-seed2.resumed-5.h5 (steps 6..10, other
                             losses): steps 6 and 7 must come from the resumed file
   cb_fe seed 1              partial: steps 1..6 flushed
   broken                    not an HDF5 file: failed
@@ -117,7 +117,7 @@ def build_results(root):
     exp = os.path.join(root, "exp")
     os.makedirs(exp)
     for (scheme, seed), final in FINAL.items():
-        run = f"{scheme}-s{seed}"
+        run = f"{scheme}-seed{seed}"
         if (scheme, seed) == ("cb", 2):  # killed after step 7, resumed from the step-5 checkpoint
             write_file(os.path.join(exp, f"{run}.h5"), attrs_of(scheme, seed, run, "2026-01-01T00:00:00Z"),
                        run_rows(scheme, seed, 1, 7, final, loss_shift=0.5))
@@ -127,7 +127,7 @@ def build_results(root):
         else:
             write_file(os.path.join(exp, f"{run}.h5"), attrs_of(scheme, seed, run, "2026-01-01T00:00:00Z"),
                        run_rows(scheme, seed, 1, STEPS, final))
-    write_file(os.path.join(exp, "cb_fe-s1.h5"), attrs_of("cb_fe", 1, "cb_fe-s1", "2026-01-01T00:00:00Z"),
+    write_file(os.path.join(exp, "cb_fe-seed1.h5"), attrs_of("cb_fe", 1, "cb_fe-seed1", "2026-01-01T00:00:00Z"),
                run_rows("cb_fe", 1, 1, 6, None))
     write_file(os.path.join(exp, "empty.h5"), attrs_of("baseline", 9, "empty", "2026-01-01T00:00:00Z"), {})
     with open(os.path.join(exp, "broken.h5"), "wb") as f:
@@ -137,12 +137,12 @@ def build_results(root):
     write_benchmark(os.path.join(root, "bench", "compression.json"))
     abl = os.path.join(root, "ablation")  # one scheme, the CB rank varies; labels come from that key
     os.makedirs(abl)
-    for rank in (16, 4):
-        a = attrs_of("cb", 1, f"rank{rank}", "2026-01-01T00:00:00Z")
+    for seed, rank in ((1, 16), (2, 4)):  # names alike but for the seed: labels from the config instead
+        a = attrs_of("cb", seed, f"run-seed{seed}", "2026-01-01T00:00:00Z")
         cfg = yaml.safe_load(a["config"])
         cfg["compression"]["pipeline_backward"]["rank"] = rank
         a["config"] = yaml.safe_dump(cfg)
-        write_file(os.path.join(abl, f"rank{rank}.h5"), a, run_rows("cb", 1, 1, STEPS, (5.0 + rank / 100, 150.0)))
+        write_file(os.path.join(abl, f"run-seed{seed}.h5"), a, run_rows("cb", seed, 1, STEPS, (5.0 + rank / 100, 150.0)))
     with open(os.path.join(abl, "broken.h5"), "wb") as f:
         f.write(b"")
 
@@ -194,14 +194,14 @@ class FiguresTest(unittest.TestCase):
     def test_index_statuses_and_steps(self):
         rows = self.index()
         rows = {k: v for k, v in rows.items() if k[0] != "ablation"}
-        self.assertEqual(sorted(rows), [("", "loose"), ("exp", "baseline-s1"), ("exp", "baseline-s2"),
-                                        ("exp", "baseline-s3"), ("exp", "broken"), ("exp", "cb-s1"),
-                                        ("exp", "cb-s2"), ("exp", "cb_fe-s1"), ("exp", "empty")])
-        expect = {"baseline-s1": ("complete", "10"), "cb-s2": ("complete", "10"), "cb_fe-s1": ("partial", "6"),
+        self.assertEqual(sorted(rows), [("", "loose"), ("exp", "baseline-seed1"), ("exp", "baseline-seed2"),
+                                        ("exp", "baseline-seed3"), ("exp", "broken"), ("exp", "cb-seed1"),
+                                        ("exp", "cb-seed2"), ("exp", "cb_fe-seed1"), ("exp", "empty")])
+        expect = {"baseline-seed1": ("complete", "10"), "cb-seed2": ("complete", "10"), "cb_fe-seed1": ("partial", "6"),
                   "broken": ("failed", "0"), "empty": ("failed", "0")}
         for run, (status, last) in expect.items():
             self.assertEqual((rows[("exp", run)]["status"], rows[("exp", run)]["last_step"]), (status, last), run)
-        self.assertEqual(rows[("exp", "cb_fe-s1")]["note"], "step 6 of 10")
+        self.assertEqual(rows[("exp", "cb_fe-seed1")]["note"], "step 6 of 10")
         self.assertEqual(rows[("exp", "empty")]["note"], "no training step flushed")
         self.assertIn("no readable file", rows[("exp", "broken")]["note"])
         self.assertIn("12 runs (8 complete, 1 partial, 3 failed)", self.index_run.stdout)
@@ -209,25 +209,25 @@ class FiguresTest(unittest.TestCase):
     def test_index_final_values_exact(self):
         rows = self.index()
         for (scheme, seed), (loss, ppl) in FINAL.items():
-            r = rows[("exp", f"{scheme}-s{seed}")]
+            r = rows[("exp", f"{scheme}-seed{seed}")]
             self.assertEqual(float(r["final_valid_ppl"]), ppl)
             self.assertEqual(float(r["final_valid_loss"]), loss)
             self.assertEqual((r["eval_step"], r["seed"], r["scheme"]), ("10", str(seed), scheme))
-        b1 = rows[("exp", "baseline-s1")]
+        b1 = rows[("exp", "baseline-seed1")]
         self.assertEqual(float(b1["bytes_per_step"]), sum(BYTES["baseline"][:5]))
         self.assertEqual(float(b1["step_seconds"]), 2.0)
         self.assertEqual(b1["git_revision"], "abc123")
         # seeds of one configuration share `configuration`, not `config_hash`
-        self.assertEqual(b1["configuration"], rows[("exp", "baseline-s2")]["configuration"])
-        self.assertNotEqual(b1["config_hash"], rows[("exp", "baseline-s2")]["config_hash"])
-        self.assertNotEqual(b1["configuration"], rows[("exp", "cb-s1")]["configuration"])
+        self.assertEqual(b1["configuration"], rows[("exp", "baseline-seed2")]["configuration"])
+        self.assertNotEqual(b1["config_hash"], rows[("exp", "baseline-seed2")]["config_hash"])
+        self.assertNotEqual(b1["configuration"], rows[("exp", "cb-seed1")]["configuration"])
 
     def test_index_merges_resumed_file(self):
         rows = self.index()
-        self.assertEqual(rows[("exp", "cb-s2")]["files"], "exp/cb-s2.h5;exp/cb-s2.resumed-5.h5")
+        self.assertEqual(rows[("exp", "cb-seed2")]["files"], "exp/cb-seed2.h5;exp/cb-seed2.resumed-5.h5")
         sys.path.insert(0, os.path.join(SOURCE, "scripts"))
         import optcc_results as R
-        run = [r for r in R.load_runs(self.results) if r.name == "cb-s2"][0]
+        run = [r for r in R.load_runs(self.results) if r.name == "cb-seed2"][0]
         train = run.table("train")
         self.assertEqual(train["step"].tolist(), list(range(1, 11)))
         # steps 1..5 from the first file (shifted by 0.5), 6..10 from the resumed one
@@ -286,7 +286,9 @@ class FiguresTest(unittest.TestCase):
         self.assertEqual(orth["cb"]["mean cos"], f"{statistics.mean(cos):+.4f}")
         self.assertEqual(orth["cb"]["rows"], str(3 * STEPS * 2))
         mem = self.table_rows("memory.md")
-        self.assertEqual((mem["baseline"]["rank"], mem["cb"]["lep_buffers MiB"]), ("1", f"{65536 / 2**20:.3f}"))
+        # the largest value of each component over the ranks
+        self.assertEqual((mem["cb"]["lep_buffers MiB"], mem["cb"]["tracked peak MiB"], mem["baseline"]["activations_peak MiB"]),
+                         (f"{65536 / 2**20:.3f}", f"{(7000001 + 65536) / 2**20:.3f}", f"{3000001 / 2**20:.3f}"))
 
     def test_fig14_table(self):
         with open(os.path.join(self.paper, "bench", "compression-fig14.md")) as f:
@@ -301,14 +303,14 @@ class FiguresTest(unittest.TestCase):
             md = f.read()
         rows = [l.split(" | ")[0].lstrip("| ") for l in md.splitlines() if l.startswith("| rank=")]
         self.assertEqual(rows, ["rank=4", "rank=16"])  # numeric order; the unreadable file adds no key
-        self.assertIn("- reference: rank=4 (the first configuration)", md)
+        self.assertIn("- reference: rank=4 (the first configuration); configurations differ in: compression.pipeline_backward.rank", md)
 
     def test_compact_keeps_every_value(self):
         import shutil
         sys.path.insert(0, os.path.join(SOURCE, "scripts"))
         import optcc_results as R
-        src = os.path.join(self.results, "exp", "cb-s1.h5")
-        dst = os.path.join(self.tmp.name, "compact", "cb-s1.h5")
+        src = os.path.join(self.results, "exp", "cb-seed1.h5")
+        dst = os.path.join(self.tmp.name, "compact", "cb-seed1.h5")
         os.makedirs(os.path.dirname(dst))
         shutil.copy(src, dst)
         r = script("compact_results.py", dst)
