@@ -378,13 +378,10 @@ std::vector<data::LastWordItem> last_word_items_for(const Config& c, const EvalD
                                c.model.seq_len, &skipped);
 }
 
-}  // namespace
-
-EvalResult run_eval(const EvalOptions& o, Distributed& d) {
-  MergedCheckpoint merged = merge_checkpoint(o.checkpoint);
+// The eval config with the run's name filled in; log level and threads set; --output checked.
+Config eval_run_config(const EvalOptions& o, const MergedCheckpoint& merged, const Distributed& d) {
   Config c = eval_config(merged.config, o, d.env.world_size);
   if (c.log.run_name.empty()) c.log.run_name = trained_run_name(merged.config, merged.dir);
-  const bool writer = d.rank() == 0, quiet = o.quiet || !writer;
   spdlog::set_level(spdlog::level::from_str(c.log.level));
   set_cpu_threads(threads_for(c, d.env.local_world_size));
   if (!o.output.empty() && fs::exists(o.output)) {
@@ -392,6 +389,11 @@ EvalResult run_eval(const EvalOptions& o, Distributed& d) {
                                          "overwritten). Fix: name a new file, or remove it.",
                                          o.output));
   }
+  return c;
+}
+
+// What the result says before anything is evaluated: the checkpoint, both layouts, the merge checks.
+EvalResult result_of_merge(const EvalOptions& o, const MergedCheckpoint& merged, const Config& c) {
   const auto& trained = merged.config.parallel;
   EvalResult r;
   r.step = merged.step, r.split = o.split;
@@ -400,9 +402,18 @@ EvalResult run_eval(const EvalOptions& o, Distributed& d) {
   r.max_replica_difference = merged.max_replica_difference, r.max_tied_difference = merged.max_tied_difference;
   r.max_tp_copy_difference = merged.max_tp_copy_difference;
   r.note = compression_note(merged.config);
-  const EvalData data = open_eval_data(c, o.split, trained.dp);
+  return r;
+}
+
+}  // namespace
+
+EvalResult run_eval(const EvalOptions& o, Distributed& d) {
+  MergedCheckpoint merged = merge_checkpoint(o.checkpoint);
+  const Config c = eval_run_config(o, merged, d);
+  EvalResult r = result_of_merge(o, merged, c);
+  const EvalData data = open_eval_data(c, o.split, merged.config.parallel.dp);
   const auto items = last_word_items_for(c, data, o.documents, r.lastword_skipped);
-  if (!quiet) {
+  if (!o.quiet && d.rank() == 0) {
     spdlog::info("eval of {} (step {}, trained {}) on {}, split {}: {} micro-batches of {}, {} last-word documents",
                  merged.dir, merged.step, r.trained_layout, r.eval_layout, o.split, data.micro_batches,
                  c.train.micro_batch_size, items.size());
@@ -419,7 +430,7 @@ EvalResult run_eval(const EvalOptions& o, Distributed& d) {
   r.lastword_documents = static_cast<int64_t>(items.size());
   r.lastword_correct = eval_last_word(*model, link, d, c, items);
   r.lastword_accuracy = items.empty() ? kNaN : static_cast<double>(r.lastword_correct) / items.size();
-  if (writer) {
+  if (d.rank() == 0) {
     r.training_loss = training_eval_loss(c, r.step, r.training_results);
     write_eval_results(o, merged, c, r);
   }

@@ -1,6 +1,7 @@
 // `optcc eval` through the binary: a run trained on 4 forked ranks (TP2 x PP2) is evaluated on one
 // process and, re-sharded, on 2 forked ranks (PP2, --nproc 2 --layout 1,2,1); both print the run's
-// last validation loss and a difference below 1e-5, and write their own results files. Without a
+// last validation loss and a difference below 1e-5 (the run trains with dropout, which the forked
+// ranks draw alike), and write their own results files. Without a
 // checkpoint, or with --nproc not matching --layout, the command fails with the fix, before forking.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -69,6 +70,9 @@ TEST(LocalLaunch, EvalOfATp2Pp2CheckpointOnOneProcessAndReshardedOnTwo) {
   EXPECT_THAT(one, HasSubstr("on tp=1 pp=1 dp=1, split valid"));
   EXPECT_THAT(one, HasSubstr("training run's evaluation at step 3"));
   EXPECT_LT(std::abs(printed_difference(one)), 1e-5);
+  // Separate processes seeded alike draw the same dropout masks on the TP ranks of a stage (the
+  // smoke config trains with dropout 0.1): their copies of replicated parameters stay identical.
+  EXPECT_THAT(one, HasSubstr("DP replicas 0, tied embedding copies 0, TP copies of replicated parameters 0\n"));
   EXPECT_TRUE(std::filesystem::exists(dir / "results/run.eval-3.h5")) << one;
 
   ASSERT_EQ(run_optcc({"eval", "--checkpoint", ckpt, "--documents", "0", "--nproc", "2", "--layout", "1,2,1"},
