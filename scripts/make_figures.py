@@ -245,17 +245,12 @@ def group_configurations(experiment, runs):
             out.append((SCHEME_ORDER.index(v) if v in SCHEME_ORDER else len(SCHEME_ORDER), str(v))
                        if k == scheme else _value_sort(v))
         return (out, c.label)
-    configs = sorted(configs, key=sort_key)
-    for i, c in enumerate(configs):  # one colour per configuration in every figure of the experiment
-        c.color = f"C{i % 10}"
-    return configs
+    return sorted(configs, key=sort_key)
 
 
 def reference(configs):
-    """(configuration, why) the others are compared with."""
-    for c in configs:
-        if c.flat.get("compression.scheme") == "baseline":
-            return c, "compression.scheme = baseline"
+    """(configuration, why) the others are compared with: the first without any compression (as the
+    baseline scheme is), else the first with compression.scheme = baseline, else the first."""
     def off(spec):  # a CompressorSpec as the effective config writes it: none, fp16, {name: ..., ...}
         return spec in (None, "none") or (isinstance(spec, dict) and spec.get("name") == "none")
     for c in configs:
@@ -263,6 +258,9 @@ def reference(configs):
         if all(off(comp.get(k)) for k in ("dp", "pipeline_backward", "pipeline_forward", "embedding", "tp")) \
                 and not comp.get("fused_embedding", False):
             return c, "no compression"
+    for c in configs:
+        if c.flat.get("compression.scheme") == "baseline":
+            return c, "compression.scheme = baseline"
     return configs[0], "the first configuration"
 
 
@@ -532,15 +530,17 @@ def breakdown_outputs(experiment, configs, ref):
     ax.set(xlabel="ms per step on the critical-path rank", title=f"{experiment}: time breakdown (Fig. 10)")
     ax.legend(ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     header = ["configuration", "step ms"] + [f"{k} ms" for k in emulation_table.CATEGORIES] + \
-        ["median step s", "speed-up", "speed-up at equal compute"]
+        ["median step s", "speed-up", "speed-up at equal compute", "inter-node emulated s/step (all ranks)"]
     body = []
     for c, m in rows:
         eq = (base["pipeline_s"] + base["after_pipeline_s"]) / (base["pipeline_s"] + m["after_pipeline_s"])
         body.append([c.display(), f"{m['breakdown_step_ms']:.1f}"] +
                     [f"{m[k + '_ms']:.1f}" for k in emulation_table.CATEGORIES] +
-                    [f"{m['median_step_s']:.3f}", f"{base['median_step_s'] / m['median_step_s']:.3f}", f"{eq:.3f}"])
-    notes = ["mean over the timeline steps (log.timeline_steps) and seeds; scripts/emulation_table.py defines "
-             "every column"]
+                    [f"{m['median_step_s']:.3f}", f"{base['median_step_s'] / m['median_step_s']:.3f}", f"{eq:.3f}",
+                     f"{m['inter_emulated_s_per_step']:.3f}"])
+    notes = ["breakdown: mean over the timeline steps (log.timeline_steps) and seeds; the other columns: "
+             "scripts/emulation_table.py defines them (median over the steps after the third); the emulated "
+             "inter-node seconds do not depend on the machine's load, the measured times do"]
     return fig, Table(f"{experiment}: time breakdown per step", header, body, notes)
 
 
@@ -674,6 +674,11 @@ class Experiment:
         self.configs = group_configurations(name, runs)
         self.usable = [c for c in self.configs if c.used]  # with a training step to show
         self.ref, self.why = reference(self.usable) if self.usable else (None, "")
+        if self.ref is not None:  # the reference first, the others in their order
+            self.usable.remove(self.ref)
+            self.usable.insert(0, self.ref)
+        for i, c in enumerate(self.usable):  # one colour per configuration in every figure of the experiment
+            c.color = f"C{i % 10}"
         self.made, self.skipped, self.errors = [], [], []
 
     def step(self, what, make):
@@ -717,6 +722,10 @@ class Experiment:
     def _index(self):
         src, header = experiment_header(self.name)
         lines = [f"# {self.name}", ""]
+        if self.name.startswith("reference/"):
+            lines += ["Placeholder results made by `scripts/reference_results.sh` (a smaller model, fewer steps "
+                      "and seeds than the experiment file's scales); `paper/README.md` says what they can and "
+                      "cannot show.", ""]
         if header:
             lines += [f"From `{src}`:", "", "```"] + header + ["```", ""]
         for what in self.made:
