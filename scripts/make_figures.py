@@ -11,12 +11,15 @@ Files directly in DIR belong to no experiment: they are indexed (results_index.p
 the work to those experiments (and the benchmark JSONs inside their folders).
 
 Runs are grouped into configurations: equal config apart from train.seed, log.run_name/dir/level
-and checkpoint.dir (optcc_results.NON_CONFIG_KEYS). A configuration is labelled by the config keys
-whose values differ between the experiment's configurations (compression.scheme first; keys that
-the scheme determines are left out). The reference configuration (speed-ups, ratios, paired
-differences) is the one with compression.scheme = baseline, else the first with no compression,
-else the first. Statistics use a configuration's complete runs; one with only partial runs (still
-going or killed) is shown up to its last flush and marked "partial" (dashed lines, table rows).
+and checkpoint.dir (optcc_results.NON_CONFIG_KEYS). A configuration is labelled by its runs' name
+without the seed part (`optcc sweep` names runs by their grid values: baseline-seed1 -> baseline)
+when those names tell the configurations apart, else by the config keys whose values differ
+between the experiment's configurations (compression.scheme first; keys the scheme determines left
+out); the table notes name the differing keys. The reference configuration (speed-ups, ratios,
+paired differences; listed first) is the first without any compression, else the first with
+compression.scheme = baseline, else the first. Statistics use a configuration's complete runs; one
+with only partial runs (still going or killed) is shown up to its last flush and marked "partial"
+(dashed lines, table rows); partial runs next to complete ones are drawn dashed, one line each.
 Means ± sample standard deviations (n - 1) are over seeds; "paired" differences compare runs of
 the same train.seed.
 
@@ -24,10 +27,12 @@ Per experiment, into OUT/<experiment>/ (PNG and PDF for figures, Markdown and La
   table.{md,tex}          final validation ppl and loss, paired loss difference and ppl ratio to the
                           reference, tokens/s, speed-up, MB sent per step per traffic class (Table 2;
                           the ablations' and compressor comparisons' tables)
-  curves.{png,pdf}        training loss and validation ppl against step, seed bands (Fig. 9)
+  curves.{png,pdf}        training loss (running mean over 2% of the steps), validation ppl and the
+                          validation loss minus the reference's (paired by seed) against step, with
+                          seed bands (Fig. 9)
   pareto.{png,pdf}        final validation ppl against MB per step, Pareto front (compressor comparison)
-  memory.{png,pdf,md,tex} tensor memory by component of the rank with the largest tracked peak at the
-                          last step (Fig. 12)
+  memory.{png,pdf,md,tex} tensor memory by component (each component's largest value over the ranks)
+                          at the last step, and the tracked peak (Fig. 12)
   breakdown.{png,pdf,md,tex}  mean time breakdown of the timeline steps (Fig. 10; emulation_table.py)
   lep_orthogonality.{png,pdf,md,tex}  the Fig. 11 traces: mean |cos|, mean error, mean delta per step
   index.md                the experiment file's header (question, claim, expected outcome) and the above
@@ -205,57 +210,64 @@ def name_stem(config):
     return "-".join(kept) or None
 
 
-def group_configurations(experiment, runs):
-    """The experiment's configurations, labelled and sorted (reference first where it is baseline)."""
-    groups = {}
-    for r in runs:
-        groups.setdefault(r.configuration_hash() if r.config else f"failed:{r.name}", []).append(r)
-    configs = [Configuration(k, v) for k, v in groups.items()]
-    known = [c for c in configs if c.runs[0].config]  # a file without a config has no values to compare
+SCHEME_KEY = "compression.scheme"
+
+
+def varying_keys(known):
+    """Config keys whose values differ between the configurations; with compression.scheme among
+    them, it comes first and the keys it determines are left out."""
     keys = sorted({k for c in known for k in c.flat})
     varying = [k for k in keys if len({json.dumps(c.flat.get(k)) for c in known}) > 1]
-    scheme = "compression.scheme"
-    if scheme in varying:  # leave out what the scheme determines
-        def determined(k):
-            seen = {}
-            return all(seen.setdefault(c.flat.get(scheme), json.dumps(c.flat.get(k))) == json.dumps(c.flat.get(k))
-                       for c in known)
-        varying = [scheme] + [k for k in varying if k != scheme and not determined(k)]
+    if SCHEME_KEY not in varying:
+        return varying
+
+    def determined(k):
+        seen = {}
+        return all(seen.setdefault(c.flat.get(SCHEME_KEY), json.dumps(c.flat.get(k))) == json.dumps(c.flat.get(k))
+                   for c in known)
+    return [SCHEME_KEY] + [k for k in varying if k != SCHEME_KEY and not determined(k)]
+
+
+def label_configurations(experiment, configs, known, varying):
+    """Sets each configuration's label (see the docstring at the top) and the keys that differ."""
     short = _short_names(varying)
     for c in configs:
+        c.differ = [k + (" (and the keys it sets)" if k == SCHEME_KEY else "") for k in varying]
         if not c.runs[0].config:
             c.label = f"{c.runs[0].name} (no config)"
             continue
-        parts = []
-        for k in varying:
-            v = c.flat.get(k)
-            parts.append(str(v) if k == scheme else f"{short[k]}={'-' if v is None else v}")
+        parts = [str(c.flat.get(k)) if k == SCHEME_KEY else f"{short[k]}={'-' if c.flat.get(k) is None else c.flat.get(k)}"
+                 for k in varying]
         c.label = ", ".join(parts) or (c.runs[0].scheme if c.runs[0].scheme != "(none)" else experiment)
     stems = [name_stem(c) for c in known]
     if known and None not in stems and len(set(stems)) == len(stems):  # the sweep's names: grid values
         for c, stem in zip(known, stems):
             c.label = stem
-    for c in configs:
-        c.differ = [k + (" (and the keys it sets)" if k == scheme else "") for k in varying]
+
+
+def group_configurations(experiment, runs):
+    """The experiment's configurations, labelled and sorted by their differing config values."""
+    groups = {}
+    for r in runs:
+        groups.setdefault(r.configuration_hash() if r.config else f"failed:{r.name}", []).append(r)
+    configs = [Configuration(k, v) for k, v in groups.items()]
+    known = [c for c in configs if c.runs[0].config]  # a file without a config has no values to compare
+    varying = varying_keys(known)
+    label_configurations(experiment, configs, known, varying)
 
     def sort_key(c):
         out = []
         for k in varying:
             v = c.flat.get(k)
             out.append((SCHEME_ORDER.index(v) if v in SCHEME_ORDER else len(SCHEME_ORDER), str(v))
-                       if k == scheme else _value_sort(v))
+                       if k == SCHEME_KEY else _value_sort(v))
         return (out, c.label)
-    configs = sorted(configs, key=sort_key)
-    for i, c in enumerate(configs):  # one colour per configuration in every figure of the experiment
-        c.color = f"C{i % 10}"
-    return configs
+    return sorted(configs, key=sort_key)
 
 
 def reference(configs):
-    """(configuration, why) the others are compared with."""
-    for c in configs:
-        if c.flat.get("compression.scheme") == "baseline":
-            return c, "compression.scheme = baseline"
+    """(configuration, why) the others are compared with: the first without any compression (as the
+    baseline scheme is), else the first with compression.scheme = baseline, else the first."""
     def off(spec):  # a CompressorSpec as the effective config writes it: none, fp16, {name: ..., ...}
         return spec in (None, "none") or (isinstance(spec, dict) and spec.get("name") == "none")
     for c in configs:
@@ -263,6 +275,9 @@ def reference(configs):
         if all(off(comp.get(k)) for k in ("dp", "pipeline_backward", "pipeline_forward", "embedding", "tp")) \
                 and not comp.get("fused_embedding", False):
             return c, "no compression"
+    for c in configs:
+        if c.flat.get("compression.scheme") == "baseline":
+            return c, "compression.scheme = baseline"
     return configs[0], "the first configuration"
 
 
@@ -532,15 +547,17 @@ def breakdown_outputs(experiment, configs, ref):
     ax.set(xlabel="ms per step on the critical-path rank", title=f"{experiment}: time breakdown (Fig. 10)")
     ax.legend(ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     header = ["configuration", "step ms"] + [f"{k} ms" for k in emulation_table.CATEGORIES] + \
-        ["median step s", "speed-up", "speed-up at equal compute"]
+        ["median step s", "speed-up", "speed-up at equal compute", "inter-node emulated s/step (all ranks)"]
     body = []
     for c, m in rows:
         eq = (base["pipeline_s"] + base["after_pipeline_s"]) / (base["pipeline_s"] + m["after_pipeline_s"])
         body.append([c.display(), f"{m['breakdown_step_ms']:.1f}"] +
                     [f"{m[k + '_ms']:.1f}" for k in emulation_table.CATEGORIES] +
-                    [f"{m['median_step_s']:.3f}", f"{base['median_step_s'] / m['median_step_s']:.3f}", f"{eq:.3f}"])
-    notes = ["mean over the timeline steps (log.timeline_steps) and seeds; scripts/emulation_table.py defines "
-             "every column"]
+                    [f"{m['median_step_s']:.3f}", f"{base['median_step_s'] / m['median_step_s']:.3f}", f"{eq:.3f}",
+                     f"{m['inter_emulated_s_per_step']:.3f}"])
+    notes = ["breakdown: mean over the timeline steps (log.timeline_steps) and seeds; the other columns: "
+             "scripts/emulation_table.py defines them (median over the steps after the third); the emulated "
+             "inter-node seconds do not depend on the machine's load, the measured times do"]
     return fig, Table(f"{experiment}: time breakdown per step", header, body, notes)
 
 
@@ -674,6 +691,11 @@ class Experiment:
         self.configs = group_configurations(name, runs)
         self.usable = [c for c in self.configs if c.used]  # with a training step to show
         self.ref, self.why = reference(self.usable) if self.usable else (None, "")
+        if self.ref is not None:  # the reference first, the others in their order
+            self.usable.remove(self.ref)
+            self.usable.insert(0, self.ref)
+        for i, c in enumerate(self.usable):  # one colour per configuration in every figure of the experiment
+            c.color = f"C{i % 10}"
         self.made, self.skipped, self.errors = [], [], []
 
     def step(self, what, make):
@@ -717,6 +739,10 @@ class Experiment:
     def _index(self):
         src, header = experiment_header(self.name)
         lines = [f"# {self.name}", ""]
+        if self.name.startswith("reference/"):
+            lines += ["Placeholder results made by `scripts/reference_results.sh` (a smaller model, fewer steps "
+                      "and seeds than the experiment file's scales); `paper/README.md` says what they can and "
+                      "cannot show.", ""]
         if header:
             lines += [f"From `{src}`:", "", "```"] + header + ["```", ""]
         for what in self.made:

@@ -92,14 +92,17 @@ part_fig11() {  # CB on every backward send with LEP, the orthogonality diagnost
   done
 }
 
-part_fig12() {  # memory: baseline, CB without EF, CB + LEP, CB + per-micro-batch EF (mini, 6 steps)
-  fresh fig12
+part_fig12() {  # memory: baseline, CB without EF, CB + LEP, CB + per-micro-batch EF (mini, 6 steps);
+  fresh fig12   # epilogue-only (the paper's CB) and on every backward send (where m EF buffers show)
   local m=(--config experiments/schemes/mini-3d.yaml --set train.train_steps=6 --set train.eval_interval=0
            --set train.eval_iters=2 --set log.interval=2)
   train fig12 baseline "${m[@]}" --set compression.scheme=baseline
   train fig12 cb_nonlep "${m[@]}" --set compression.scheme=cb_nonlep
   train fig12 cb_lep "${m[@]}" --set compression.scheme=cb
   train fig12 cb_per_microbatch "${m[@]}" --set compression.scheme=cb --set compression.lep=per_microbatch
+  train fig12 cb_all_lep "${m[@]}" --set compression.scheme=cb --set compression.backward_phases=all
+  train fig12 cb_all_per_microbatch "${m[@]}" --set compression.scheme=cb --set compression.backward_phases=all \
+    --set compression.lep=per_microbatch
 }
 
 part_fig10() {  # emulated paper cluster, timelines of steps 8 and 9 (mini, 10 steps)
