@@ -282,6 +282,18 @@ std::optional<double> training_eval_loss(const Config& c, int64_t step, std::str
   return loss;
 }
 
+// Why the training run's evaluations saw other samples than this one, or "" when they saw the same.
+std::string not_comparable(const EvalOptions& o, const Config& c, const Config& trained) {
+  if (o.split != "valid") return "--split " + o.split + ": training evaluates the validation split";
+  if (c.train.eval_iters != trained.train.eval_iters || c.train.micro_batch_size != trained.train.micro_batch_size) {
+    return "train.eval_iters / train.micro_batch_size differ from the run's: other samples";
+  }
+  if (c.data.split != trained.data.split || c.data.prefix != trained.data.prefix) {
+    return "data.split / data.prefix differ from the run's: other documents";
+  }
+  return "";
+}
+
 std::vector<TableSpec> eval_tables() {
   const auto i = ColumnType::kInt64;
   const auto f = ColumnType::kFloat64;
@@ -315,6 +327,7 @@ std::map<std::string, std::string> eval_attributes(const EvalOptions& o, const M
   attrs["config"] = to_yaml(m.config);
   attrs["eval_config"] = to_yaml(c);
   attrs["training_results"] = r.training_results;
+  attrs["training_not_comparable"] = r.not_comparable;
   attrs["note"] = r.note;
   return attrs;
 }
@@ -431,7 +444,8 @@ EvalResult run_eval(const EvalOptions& o, Distributed& d) {
   r.lastword_correct = eval_last_word(*model, link, d, c, items);
   r.lastword_accuracy = items.empty() ? kNaN : static_cast<double>(r.lastword_correct) / items.size();
   if (d.rank() == 0) {
-    r.training_loss = training_eval_loss(c, r.step, r.training_results);
+    r.not_comparable = not_comparable(o, c, merged.config);
+    if (r.not_comparable.empty()) r.training_loss = training_eval_loss(c, r.step, r.training_results);
     write_eval_results(o, merged, c, r);
   }
   return r;
@@ -456,6 +470,8 @@ std::string eval_report(const EvalResult& r) {
   if (r.training_loss) {
     out += fmt::format("  training run's evaluation at step {}: loss {:.6f} ({}); difference {:.3g}\n", r.step,
                        *r.training_loss, r.training_results, r.loss - *r.training_loss);
+  } else if (!r.not_comparable.empty()) {
+    out += fmt::format("  training run's evaluation at step {}: not compared ({})\n", r.step, r.not_comparable);
   } else {
     out += fmt::format("  training run's evaluation at step {}: not found in its results files\n", r.step);
   }

@@ -35,8 +35,10 @@
 // <log.dir>/<run>.eval-<step>.h5 (or <run>.eval-<step>.attempt-<n>.h5 when taken), or --output
 // (which must not exist). Root attributes: kind = "eval_checkpoint", checkpoint, checkpoint_step,
 // trained_layout, eval_layout, split, config (the run's), eval_config, run attributes (revision,
-// versions, host, command line) and training_results (the run's file whose /eval has step S, if
-// found); one table /eval_checkpoint, one row (columns in eval_checkpoint.cpp).
+// versions, host, command line), training_results (the run's file whose /eval has step S, if
+// found) and training_not_comparable (why the run's evaluation was not compared: --split test,
+// other eval_iters / micro_batch_size / data.split / data.prefix); one table /eval_checkpoint, one
+// row (columns in eval_checkpoint.cpp).
 #pragma once
 
 #include <cstdint>
@@ -73,6 +75,7 @@ struct EvalResult {
   double lastword_accuracy = 0.0;      // correct / documents; NaN when none
   std::optional<double> training_loss; // the training run's evaluation at `step`, when found
   std::string training_results;        // the file it came from
+  std::string not_comparable;          // why it was not looked up (--split test, other samples), or ""
   double max_replica_difference = 0.0; // merge_checkpoint's checks (0 for a sound checkpoint)
   double max_tied_difference = 0.0;
   double max_tp_copy_difference = 0.0;

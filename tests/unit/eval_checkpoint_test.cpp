@@ -134,6 +134,17 @@ TEST(EvalCheckpoint, Tp2Pp2Dp2CheckpointOnOneProcessGivesTheRunsLastValidationLo
   }
   // Every later eval of the same checkpoint writes a file of its own.
   EXPECT_TRUE(std::filesystem::exists(dir / "results/tp2pp2dp2.eval-4.attempt-3.h5"));
+
+  // Other samples than the run's evaluations: not compared with them, and said why.
+  EvalOptions fewer = o;
+  fewer.overrides = {"train.eval_iters=2"};
+  fewer.documents = 0;
+  const EvalResult r = eval_on({1, 1, 1}, fewer);
+  EXPECT_EQ(r.samples, 2 * 2 * 2);
+  EXPECT_FALSE(r.training_loss.has_value());
+  EXPECT_THAT(r.not_comparable, HasSubstr("train.eval_iters"));
+  EXPECT_THAT(eval_report(r), HasSubstr("not compared (train.eval_iters"));
+  EXPECT_TRUE(one.not_comparable.empty());
 }
 
 // ---- a hand-made model with a known answer --------------------------------------------------------
