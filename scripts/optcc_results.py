@@ -51,6 +51,9 @@ STATUSES = ["complete", "partial", "failed"]
 NON_CONFIG_KEYS = [("train", "seed"), ("log", "run_name"), ("log", "dir"), ("log", "level"),
                    ("checkpoint", "dir")]
 
+# `optcc eval` writes <run>.eval-<step>[.attempt-N].h5 next to the run (harness/tools/eval_checkpoint.h):
+# an evaluation of a checkpoint, not a run's records; find_runs leaves these files out.
+EVAL_FILE = re.compile(r"\.eval-\d+(?:\.attempt-\d+)?\.h5$")
 RUN_FILE = re.compile(r"^(?P<run>.+?)(?:\.resumed-(?P<step>\d+))?(?:\.attempt-(?P<attempt>\d+))?\.h5$")
 
 
@@ -83,14 +86,15 @@ def parse_file_name(name):
 
 
 def find_runs(results_dir):
-    """{(experiment, run): [paths]} for every *.h5 under results_dir, in sorted order."""
+    """{(experiment, run): [paths]} for every *.h5 under results_dir (but `optcc eval` outputs, EVAL_FILE),
+    in sorted order."""
     runs = {}
     for root, dirs, files in os.walk(results_dir):
         dirs.sort()
         rel = os.path.relpath(root, results_dir)
         experiment = "" if rel == "." else rel.replace(os.sep, "/")
         for name in sorted(files):
-            parsed = parse_file_name(name)
+            parsed = None if EVAL_FILE.search(name) else parse_file_name(name)
             if parsed:
                 runs.setdefault((experiment, parsed[0]), []).append(os.path.join(root, name))
     return dict(sorted(runs.items()))

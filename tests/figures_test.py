@@ -130,6 +130,10 @@ def build_results(root):
     write_file(os.path.join(exp, "cb_fe-seed1.h5"), attrs_of("cb_fe", 1, "cb_fe-seed1", "2026-01-01T00:00:00Z"),
                run_rows("cb_fe", 1, 1, 6, None))
     write_file(os.path.join(exp, "empty.h5"), attrs_of("baseline", 9, "empty", "2026-01-01T00:00:00Z"), {})
+    # `optcc eval` output next to its run (harness/tools/eval_checkpoint.h): not a run of its own
+    for name in ("baseline-seed1.eval-10.h5", "baseline-seed1.eval-10.attempt-2.h5"):
+        with h5py.File(os.path.join(exp, name), "w") as f:
+            f.attrs["kind"] = "eval_checkpoint"
     with open(os.path.join(exp, "broken.h5"), "wb") as f:
         f.write(b"not an HDF5 file")
     write_file(os.path.join(root, "loose.h5"), attrs_of("baseline", 1, "loose", "2026-01-01T00:00:00Z"),
