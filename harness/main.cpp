@@ -222,6 +222,8 @@ void add_sweep_command(CLI::App& app, Cli& c) {
                                   "naming each bad run");
   json->excludes(index)->excludes(check);
   index->excludes(check);
+}
+
 // optcc eval: the config comes from the checkpoint, not from --config.
 void add_eval_command(CLI::App& app, Cli& c) {
   c.eval = app.add_subcommand("eval", "loss, perplexity and last-word accuracy of a checkpoint of any layout, on one "
