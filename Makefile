@@ -8,7 +8,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # Debian's python3 has h5py; a pyenv/conda python3 earlier on PATH may not.
 PYTHON  ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 
-.PHONY: all deps configure build data demo demo-1rank test test-fast bench clean
+.PHONY: all deps configure build data demo demo-1rank test test-fast bench figures clean
 
 all: build
 
@@ -46,6 +46,12 @@ test-fast: build
 bench: build
 	$(OPTCC) bench step --config experiments/bench-mini.yaml --threads 1
 	$(OPTCC) bench step --config experiments/bench-small.yaml --threads 1
+
+# results/index.csv and every figure/table the results allow (results/**, the committed
+# results/reference/ included) into paper/; needs no build.
+figures:
+	$(PYTHON) scripts/results_index.py --results results
+	$(PYTHON) scripts/make_figures.py --results results --out paper
 
 clean:
 	rm -rf $(BUILD)

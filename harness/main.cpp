@@ -13,6 +13,9 @@
 //   optcc config show --config experiments/demo.yaml [--set ...]
 //   optcc traffic --config experiments/paper/gpt-2.5b.yaml [--set ...] [--world N] [--json]
 //   optcc trace results/run.h5 [--step N] [-o trace.json] [--breakdown]
+//   optcc sweep experiments/table2.yaml --scale cpu|paper [--json | --index I | --check]
+//   optcc eval --checkpoint DIR [--split valid|test] [--layout tp,pp,dp] [--nproc N] [--set ...]
+//              [--documents N] [--output FILE.h5]   (harness/tools/eval_checkpoint.h)
 #include <CLI/CLI.hpp>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
@@ -25,9 +28,11 @@
 #include "datasets/cli_integer.h"
 #include "harness/tools/bench.h"
 #include "harness/tools/comm_check.h"
+#include "harness/tools/eval_checkpoint.h"
 #include "harness/config/config.h"
 #include "harness/parallel/distributed.h"
 #include "harness/parallel/threads.h"
+#include "harness/tools/sweep.h"
 #include "harness/tools/trace.h"
 #include "harness/tools/traffic_report.h"
 #include "harness/train/network_setup.h"
@@ -116,6 +121,11 @@ struct Cli {
   CLI::App* trace = nullptr;
   TraceOptions trace_opts;
   int64_t trace_step = -1;
+  CLI::App* sweep = nullptr;
+  SweepOptions sweep_opts;
+  int64_t sweep_index = -1;
+  CLI::App* eval = nullptr;
+  EvalOptions eval_opts;
 
   void add_config(CLI::App* sub) {
     sub->add_option("--config,-c", config_path, "experiment YAML (experiments/*.yaml)")->required();
@@ -198,6 +208,51 @@ void add_trace_command(CLI::App& app, Cli& c) {
       ->transform(decimal_integer());
   c.trace->add_option("-o,--output", c.trace_opts.output, "write Chrome trace-event JSON here (Perfetto, chrome://tracing)");
   c.trace->add_flag("--breakdown", c.trace_opts.breakdown, "print the time breakdown per step (the run stored it in /breakdown)");
+}
+
+// optcc sweep: an experiment file's runs (harness/tools/sweep.h); no config.
+void add_sweep_command(CLI::App& app, Cli& c) {
+  c.sweep = app.add_subcommand("sweep", "expand an experiment file (experiments/README.md) into its runs");
+  c.sweep->add_option("experiment", c.sweep_opts.file, "experiment file (experiments/table2.yaml)")->required();
+  c.sweep->add_option("--scale", c.sweep_opts.scale, "cpu or paper")->required()->check(CLI::IsMember({"cpu", "paper"}));
+  auto* json = c.sweep->add_flag("--json", c.sweep_opts.json, "every run as JSON (for scripts)");
+  auto* index = c.sweep->add_option("--index", c.sweep_index, "print run I's optcc arguments, one per line")
+                    ->transform(decimal_integer());
+  auto* check = c.sweep->add_flag("--check", c.sweep_opts.check, "load and validate every run's config; exit 2 "
+                                  "naming each bad run");
+  json->excludes(index)->excludes(check);
+  index->excludes(check);
+}
+
+// optcc eval: the config comes from the checkpoint, not from --config.
+void add_eval_command(CLI::App& app, Cli& c) {
+  c.eval = app.add_subcommand("eval", "loss, perplexity and last-word accuracy of a checkpoint of any layout, on one "
+                                      "process or another layout");
+  auto& o = c.eval_opts;
+  c.eval->add_option("--checkpoint", o.checkpoint, "checkpoint.dir holding `latest`, or an iter_NNNNNNN directory")
+      ->required();
+  c.eval->add_option("--split", o.split, "held-out documents: valid (default) or test");
+  c.eval->add_option("--layout", o.layout, "tp,pp,dp of the evaluation (default 1,1,1: one process)");
+  c.eval->add_option("--nproc", c.nproc, "local ranks to fork (tp*pp*dp; omit under srun/torchrun)")
+      ->transform(decimal_integer());
+  c.eval->add_option("--set", o.overrides, "override: parallel.*, train.eval_iters, train.micro_batch_size, "
+                                           "train.threads, data.prefix/dir/split, log.dir/run_name/level");
+  c.eval->add_option("--documents", o.documents, "last-word documents (default 1000; 0 skips the metric)")
+      ->transform(decimal_integer());
+  c.eval->add_option("--output", o.output, "results file (default <log.dir>/<run>.eval-<step>.h5)");
+}
+
+int eval_command(const Cli& c, int argc, char** argv) {
+  EvalOptions o = c.eval_opts;
+  o.command_line = command_line(argc, argv);
+  if (c.nproc > 1 && std::getenv("OPTCC_RANK") == nullptr) {  // the local launcher: check, then fork
+    const Config cfg = eval_config_of(o, c.nproc);
+    return launch_local(c.nproc, std::vector<std::string>(argv, argv + argc),
+                        std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000)));
+  }
+  const EvalResult r = run_eval(o);
+  if (!r.results_path.empty()) std::cout << eval_report(r);  // global rank 0
+  return 0;
 }
 
 // optcc traffic: analytic, no process group, no data.
@@ -302,6 +357,8 @@ int main(int argc, char** argv) {
   add_config_command(app, cli);
   add_traffic_command(app, cli);
   add_trace_command(app, cli);
+  add_sweep_command(app, cli);
+  add_eval_command(app, cli);
 
   CLI11_PARSE(app, argc, argv);
 
@@ -310,6 +367,11 @@ int main(int argc, char** argv) {
       if (cli.trace_step >= 0) cli.trace_opts.step = cli.trace_step;
       return run_trace_command(cli.trace_opts);
     }
+    if (cli.sweep->parsed()) {
+      if (cli.sweep->get_option("--index")->count() > 0) cli.sweep_opts.index = cli.sweep_index;
+      return run_sweep_command(cli.sweep_opts);
+    }
+    if (cli.eval->parsed()) return eval_command(cli, argc, argv);
     Config cfg = load_config(cli.config_path, cli.overrides);
     return dispatch(cli, cfg, argc, argv);
   } catch (const ConfigError& e) {

@@ -131,10 +131,15 @@ torch::Tensor GptModelImpl::head_loss(const torch::Tensor& x, const torch::Tenso
   return per_token.mean();
 }
 
+torch::Tensor GptModelImpl::head_logits(const torch::Tensor& x) {
+  TORCH_CHECK(stage_.is_last, "head_logits() called on a stage without the output layer");
+  auto logits = gather_from_tp_region(parallel_lm_logits(final_ln(x), embedding->weight, tp_), tp_);
+  return logits.narrow(-1, 0, opt_.vocab_size);  // [s, b, V]
+}
+
 torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {
   TORCH_CHECK(stage_.is_first && stage_.is_last, "forward() needs the whole model on this rank");
-  auto logits = gather_from_tp_region(parallel_lm_logits(final_ln(run_layers(embed(tokens))), embedding->weight, tp_), tp_);
-  return logits.narrow(-1, 0, opt_.vocab_size);  // [s, b, V]
+  return head_logits(run_layers(embed(tokens)));
 }
 
 torch::Tensor GptModelImpl::loss(const torch::Tensor& samples) {

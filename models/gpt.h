@@ -105,6 +105,9 @@ class GptModelImpl : public torch::nn::Module {
   torch::Tensor run_layers(torch::Tensor x);
   /// Last stage: hidden [s, b, h] and labels [b, s] int64 -> mean cross-entropy (nats), scalar.
   torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& labels);
+  /// Last stage: hidden [s, b, h] -> logits [s, b, V] over the true vocabulary (padding dropped),
+  /// gathered over the TP group (collective over it: every TP rank calls it).
+  torch::Tensor head_logits(const torch::Tensor& x);
   /// Whole model only (first and last stage): tokens [b, s] -> logits [s, b, V] (padding dropped).
   torch::Tensor forward(const torch::Tensor& tokens);
   /// Whole model only: samples [b, s + 1] int64 -> mean next-token cross-entropy (nats).

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 namespace optcc {
 namespace {
@@ -120,6 +122,15 @@ torch::Tensor init_full_normal(torch::IntArrayRef sizes, double std, uint64_t se
 }
 
 namespace {
+// The dimensions the layers split (their constructors shard along them; split_of() reports them).
+constexpr int64_t kColumnParallelDim = 0;  // ColumnParallelLinear: output rows (weight and bias)
+constexpr int64_t kRowParallelDim = 1;     // RowParallelLinear: input columns of the weight
+constexpr int64_t kVocabDim = 0;           // VocabParallelEmbedding: vocabulary rows
+
+[[noreturn]] void unknown_parameter(const char* layer, const std::string& parameter) {
+  throw std::invalid_argument(std::string(layer) + " has no parameter '" + parameter + "' (weight, bias)");
+}
+
 // This rank's contiguous block of `full` along `dim` (n/t of n), as its own tensor.
 torch::Tensor own_shard(const torch::Tensor& full, int64_t dim, const Communicator* tp) {
   const int64_t per = full.size(dim) / tp_size(tp);
@@ -147,8 +158,13 @@ ColumnParallelLinearImpl::ColumnParallelLinearImpl(int64_t in, int64_t out, Comm
   TORCH_CHECK(out % t == 0, "ColumnParallelLinear(tag ", tag, "): out_features ", out,
               " is not divisible by the TP size ", t, "; each rank holds out/t weight rows");
   auto full = init_full_normal({out, in}, std, seed, tag);
-  weight = register_parameter("weight", own_shard(full, 0, tp));
+  weight = register_parameter("weight", own_shard(full, kColumnParallelDim, tp));
   bias = register_parameter("bias", torch::zeros({out / t}));
+}
+
+TpSplit ColumnParallelLinearImpl::split_of(const std::string& parameter) {
+  if (parameter == "weight" || parameter == "bias") return {kColumnParallelDim, false};
+  unknown_parameter("ColumnParallelLinear", parameter);
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
@@ -163,8 +179,14 @@ RowParallelLinearImpl::RowParallelLinearImpl(int64_t in, int64_t out, Communicat
   TORCH_CHECK(in % t == 0, "RowParallelLinear(tag ", tag, "): in_features ", in,
               " is not divisible by the TP size ", t, "; each rank holds in/t weight columns");
   auto full = init_full_normal({out, in}, std, seed, tag);
-  weight = register_parameter("weight", own_shard(full, 1, tp));
+  weight = register_parameter("weight", own_shard(full, kRowParallelDim, tp));
   bias = register_parameter("bias", torch::zeros({out}));
+}
+
+TpSplit RowParallelLinearImpl::split_of(const std::string& parameter) {
+  if (parameter == "weight") return {kRowParallelDim, false};
+  if (parameter == "bias") return {};  // added once after the reduction: replicated
+  unknown_parameter("RowParallelLinear", parameter);
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
@@ -183,7 +205,12 @@ VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t padded_vocab, int
   start_ = tp_rank(tp) * per;
   end_ = start_ + per;
   auto full = init_full_normal({padded_vocab, hidden}, std, seed, tag);
-  weight = register_parameter("weight", full.narrow(0, start_, per).clone());
+  weight = register_parameter("weight", full.narrow(kVocabDim, start_, per).clone());
+}
+
+TpSplit VocabParallelEmbeddingImpl::split_of(const std::string& parameter) {
+  if (parameter == "weight") return {kVocabDim, true};
+  unknown_parameter("VocabParallelEmbedding", parameter);
 }
 
 torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& tokens) {

@@ -25,6 +25,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
 
 #include "harness/parallel/communicator.h"
 
@@ -48,6 +49,16 @@ torch::Tensor scatter_to_tp_region(const torch::Tensor& x, Communicator* tp);
 torch::Tensor gather_from_tp_region(const torch::Tensor& x, Communicator* tp);
 
 // --- Layers ----------------------------------------------------------------------------------
+/// How one parameter of a layer below is laid out over the TP group: what merging a checkpoint's
+/// shards into one model and cutting it into another layout need (models/sharding.h). dim < 0:
+/// replicated (every TP rank holds the whole tensor); else split into t contiguous blocks along
+/// `dim`, group rank r holding block r (the `own_shard` of the constructors). vocab_padded: dim 0
+/// runs over the padded vocabulary, whose rows >= the true vocabulary are padding (BR-15).
+struct TpSplit {
+  int64_t dim = -1;
+  bool vocab_padded = false;
+};
+
 /// y = x W^T + b with W's output rows split over the group (Megatron ColumnParallelLinear).
 /// Input x [.., in] replicated; output [.., out/t] (or [.., out] replicated if gather_output).
 /// REQUIRES out % t == 0.
@@ -56,6 +67,8 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
   ColumnParallelLinearImpl(int64_t in, int64_t out, Communicator* tp, bool gather_output, double std,
                            uint64_t seed, uint64_t tag);
   torch::Tensor forward(const torch::Tensor& x);
+  /// "weight": rows (dim 0); "bias": dim 0. Throws std::invalid_argument for another name.
+  static TpSplit split_of(const std::string& parameter);
   torch::Tensor weight;  // [out/t, in] fp32: rows [r*out/t, (r+1)*out/t) of the full weight
   torch::Tensor bias;    // [out/t] fp32, zero-initialised
  private:
@@ -72,6 +85,8 @@ class RowParallelLinearImpl : public torch::nn::Module {
   RowParallelLinearImpl(int64_t in, int64_t out, Communicator* tp, bool input_is_parallel, double std,
                         uint64_t seed, uint64_t tag);
   torch::Tensor forward(const torch::Tensor& x);
+  /// "weight": columns (dim 1); "bias": replicated. Throws std::invalid_argument for another name.
+  static TpSplit split_of(const std::string& parameter);
   torch::Tensor weight;  // [out, in/t] fp32: columns [r*in/t, (r+1)*in/t) of the full weight
   torch::Tensor bias;    // [out] fp32, zero; added after the reduction, replicated on all TP ranks
  private:
@@ -91,6 +106,8 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& tokens);
   int64_t vocab_start() const { return start_; }  // first global row held here
   int64_t vocab_end() const { return end_; }      // one past the last
+  /// "weight": rows (dim 0) of the padded vocabulary. Throws std::invalid_argument otherwise.
+  static TpSplit split_of(const std::string& parameter);
   torch::Tensor weight;                           // [Vp/t, hidden] fp32: rows [start, end)
  private:
   Communicator* tp_;

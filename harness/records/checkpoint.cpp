@@ -147,8 +147,8 @@ std::optional<std::string> find_checkpoint(const std::string& path) {
 
 namespace {
 
-// The archive of `file`, checked for this build's format and this run's layout.
-torch::serialize::InputArchive open_checkpoint(const std::string& file, const CheckpointLayout& layout) {
+// The archive of `file`, checked for this build's format.
+torch::serialize::InputArchive open_archive(const std::string& file) {
   torch::serialize::InputArchive ar;
   try {
     ar.load_from(file);
@@ -160,14 +160,26 @@ torch::serialize::InputArchive open_checkpoint(const std::string& file, const Ch
                                          "with the build that wrote it, or start fresh without --resume.",
                                          file, v, kFormatVersion));
   }
-  torch::Tensor saved_layout;
-  ar.read("meta/layout", saved_layout);
-  auto l = saved_layout.accessor<int64_t, 1>();
-  if (l[0] != layout.tp || l[1] != layout.pp || l[2] != layout.dp) {
+  return ar;
+}
+
+CheckpointLayout saved_layout(torch::serialize::InputArchive& ar) {
+  torch::Tensor t;
+  ar.read("meta/layout", t);
+  auto l = t.accessor<int64_t, 1>();
+  return CheckpointLayout{l[0], l[1], l[2], l[3]};
+}
+
+// The archive of `file`, checked for this build's format and this run's layout.
+torch::serialize::InputArchive open_checkpoint(const std::string& file, const CheckpointLayout& layout) {
+  torch::serialize::InputArchive ar = open_archive(file);
+  const CheckpointLayout l = saved_layout(ar);
+  if (l.tp != layout.tp || l.pp != layout.pp || l.dp != layout.dp) {
     throw std::runtime_error(fmt::format(
         "checkpoint: {} was written with layout tp={} pp={} dp={}, but this run uses tp={} pp={} "
-        "dp={}. Fix: resume with the checkpoint's layout (resharding is not supported).",
-        file, l[0], l[1], l[2], layout.tp, layout.pp, layout.dp));
+        "dp={}. Fix: resume with the checkpoint's layout (training does not re-shard; `optcc eval --checkpoint` "
+        "evaluates a checkpoint under any layout).",
+        file, l.tp, l.pp, l.dp, layout.tp, layout.pp, layout.dp));
   }
   return ar;
 }
@@ -280,6 +292,39 @@ std::optional<torch::Tensor> read_checkpoint_tensor(const std::string& ckpt, int
   } catch (const c10::Error&) {
     return std::nullopt;
   }
+}
+
+CheckpointFile read_checkpoint_file(const std::string& ckpt, int64_t rank, bool with_parameters) {
+  const auto dir = find_checkpoint(ckpt);
+  if (!dir) {
+    throw std::runtime_error(fmt::format("checkpoint: no checkpoint at {} (no `latest` file, no rank_00000.pt). Fix: "
+                                         "pass a checkpoint.dir holding `latest` or one of its iter_NNNNNNN "
+                                         "directories.",
+                                         ckpt));
+  }
+  CheckpointFile out;
+  out.path = rank_file(*dir, rank);
+  if (!fs::exists(out.path)) {
+    throw std::runtime_error(fmt::format("checkpoint: {} does not exist (the checkpoint in {} is incomplete, or was "
+                                         "written by fewer ranks)",
+                                         out.path, *dir));
+  }
+  torch::serialize::InputArchive ar = open_archive(out.path);
+  out.step = read_scalar(ar, "meta/step");
+  out.consumed_samples = read_scalar(ar, "meta/consumed_samples");
+  out.layout = saved_layout(ar);
+  c10::IValue config;
+  ar.read("meta/config", config);
+  out.config_yaml = config.toStringRef();
+  if (!with_parameters) return out;
+  const std::string prefix = "model/";
+  for (const auto& key : ar.keys()) {
+    if (key.rfind(prefix, 0) != 0) continue;
+    torch::Tensor t;
+    ar.read(key, t);
+    out.parameters[key.substr(prefix.size())] = t;
+  }
+  return out;
 }
 
 }  // namespace optcc

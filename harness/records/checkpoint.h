@@ -88,4 +88,21 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
 std::optional<torch::Tensor> read_checkpoint_tensor(const std::string& ckpt, int64_t rank, const std::string& name,
                                                     const std::string& key);
 
+/// One rank's file of a checkpoint as plain data: what a merge of the shards needs (no optimizer,
+/// generator or compressor state). `parameters` are keyed as that rank's model names them.
+struct CheckpointFile {
+  std::string path;
+  int64_t step = 0;
+  int64_t consumed_samples = 0;
+  CheckpointLayout layout;  // the layout it was written under, and the rank that wrote it
+  std::string config_yaml;  // the run's effective config (to_yaml, vocabulary resolved)
+  std::map<std::string, torch::Tensor> parameters;
+};
+
+/// The file of `rank` in checkpoint `ckpt` (an iter_* directory, or a directory holding `latest`,
+/// as find_checkpoint resolves it): meta data always, the model parameters when `with_parameters`.
+/// Throws std::runtime_error naming the path when there is no checkpoint, no file for that rank,
+/// the file cannot be read or has another format version.
+CheckpointFile read_checkpoint_file(const std::string& ckpt, int64_t rank, bool with_parameters = true);
+
 }  // namespace optcc

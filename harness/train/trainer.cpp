@@ -95,16 +95,6 @@ RunData open_data(const Config& c) {
   return d;
 }
 
-StageRange stage_range(const Config& c, int stage) {
-  const auto counts = c.stage_layer_counts();
-  StageRange r;
-  for (int k = 0; k < stage; ++k) r.first_layer += counts[k];
-  r.num_layers = counts[stage];
-  r.is_first = stage == 0;
-  r.is_last = stage == c.parallel.pp - 1;
-  return r;
-}
-
 // Evaluation never touches training state. Its pipeline messages go through a fork of the
 // training codec (PipelineCodec::fork: the same options and a copy of the current warm-start Q /
 // LEP buffers), so it measures the model with the compression training would apply at this step,
@@ -224,6 +214,16 @@ GptOptions gpt_options(const Config& c) {
   o.init_std = c.model.init_std;
   o.seed = static_cast<uint64_t>(c.train.seed);
   return o;
+}
+
+StageRange stage_range(const Config& c, int stage) {
+  const auto counts = c.stage_layer_counts();
+  StageRange r;
+  for (int k = 0; k < stage; ++k) r.first_layer += counts[k];
+  r.num_layers = counts[stage];
+  r.is_first = stage == 0;
+  r.is_last = stage == c.parallel.pp - 1;
+  return r;
 }
 
 int64_t threads_for(const Config& cfg, int64_t local_ranks) {

@@ -172,6 +172,9 @@ TrainSummary run_training(Config cfg, const TrainOptions& options, Distributed& 
 /// The model options a validated config describes (vocab resolved; seed = train.seed).
 GptOptions gpt_options(const Config& cfg);
 
+/// The layers and ends of pipeline stage `stage` (0-based) of a validated config.
+StageRange stage_range(const Config& c, int stage);
+
 /// Intra-op threads for this process: cfg.train.threads, or hardware threads / local_ranks.
 int64_t threads_for(const Config& cfg, int64_t local_ranks = 1);
 

@@ -1,0 +1,85 @@
+// Experiment files (experiments/README.md): a grid of runs over a base config, at two scales.
+//
+// load_experiment() reads and checks one file completely: the header comment, every key at every
+// level, the types, the Slurm resources, each override (section and key known to the config, value
+// of the right type), the grid axes and their run-name parts, and that each scale's base config (or
+// benchmark program path) is a file under `root`. Every violation is an ExperimentError whose
+// message names the file, the key, the value, the rule and the fix. Expansion into runs and the
+// per-run config check are in sweep.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "harness/config/config.h"
+
+namespace optcc {
+
+/// Bad experiment file; a ConfigError, so `optcc` reports it like a config error (exit status 2).
+class ExperimentError : public ConfigError {
+ public:
+  using ConfigError::ConfigError;
+};
+
+/// The scale names every experiment file defines, in this order.
+const std::vector<std::string>& experiment_scale_names();
+
+/// `slurm:` of a scale: what one array task (one run) asks for.
+struct SlurmResources {
+  int64_t nodes = 1;           // >= 1
+  int64_t tasks_per_node = 1;  // >= 1; world size of a run = nodes * tasks_per_node
+  int64_t gpus_per_node = 0;   // >= 0
+  int64_t cpus_per_task = 1;   // >= 1
+  std::string time;            // wall-clock limit HH:MM:SS (hours may exceed 24)
+};
+
+/// One value of a grid axis: its run-name part and the overrides (train: "section.key=value" as
+/// --set; benchmark: "--benchmark_x=value" program options) it adds to a run.
+struct AxisChoice {
+  std::string part;
+  std::vector<std::string> items;
+};
+
+/// One `grid:` axis. Either named variants (`variants: {name: [overrides]}`) or one key with
+/// scalar values (`key: train.seed, values: [1, 2]`, parts label + value: seed1, seed2).
+struct GridAxis {
+  std::string name;
+  std::vector<AxisChoice> choices;  // file order
+};
+
+/// One entry of `scales:`.
+struct ExperimentScale {
+  std::string name;                // cpu | paper
+  std::string base;                // train: base config; benchmark: the program (repository-relative)
+  std::vector<std::string> items;  // `set:` overrides (train) or `args:` (benchmark), in order
+  SlurmResources slurm;
+  std::vector<GridAxis> grid;      // the top-level grid with this scale's `grid:` axes replaced
+};
+
+struct Experiment {
+  std::string file;                 // as given
+  std::string name;                 // experiment.name, default the file stem; results/<name>/
+  std::string kind = "train";       // train | benchmark
+  std::vector<std::string> feeds;   // figures/tables it feeds (free text, for people and figures)
+  std::string question, claim, expected;  // the header comment's three statements
+  std::vector<ExperimentScale> scales;    // in experiment_scale_names() order
+  /// The scale called `name`; ExperimentError listing the scales when there is none.
+  const ExperimentScale& scale(const std::string& name) const;
+};
+
+/// True when the file at `path` has a line starting with `experiment:` (a top-level key): an
+/// experiment file, not a config. Textual, so a file with broken YAML still counts (and then
+/// fails to load) instead of passing for a config. False for an unreadable file.
+bool is_experiment_file(const std::string& path);
+
+/// Reads and checks the experiment file `path`. Paths inside it (base configs, programs) are
+/// relative to `root`, the repository root (optcc sweep runs from there). Throws ExperimentError.
+Experiment load_experiment(const std::string& path, const std::string& root = ".");
+
+/// A name usable as a file name and a run-name part: [A-Za-z0-9._+-], not empty, not starting
+/// with '.' or '-', at most 100 characters.
+bool is_safe_name(const std::string& s);
+
+}  // namespace optcc

@@ -1,0 +1,310 @@
+"""Reading optcc results files: one module for results_index.py, make_figures.py, scheme_table.py and
+emulation_table.py.
+
+Files and runs (harness/train/trainer.h). A run writes <dir>/<run>.h5; resumed at step S it writes
+<run>.resumed-S.h5, and when that name is taken the first free <name>.attempt-N.h5. So one run's records
+can span several files. `find_runs` groups every *.h5 under a results directory into runs: the
+experiment is the folder relative to the results directory ("" for files directly in it), the run the
+file name without those suffixes. `Run` merges a run's files by step:
+  * files are ordered by their root attribute start_time (UTC, ISO 8601), then by resumed step and
+    attempt number (the order they were started in);
+  * each file starts at its attribute resumed_from_step S (0 for a fresh start): it replaces every row
+    of the earlier files with step > S (the later file wins; rows an abandoned attempt flushed after
+    the checkpoint it was resumed from belong to a timeline that no longer exists), then adds its own.
+  A file that cannot be opened is left out and named in `Run.unreadable`.
+
+Status of a run (the index's `status` column):
+  complete  the merged /train table reached train.train_steps (config of the newest readable file);
+  partial   it has training steps, fewer than train_steps: still running, killed or requeued (only rows
+            up to the last flush are on disk);
+  failed    nothing to show: no readable file, no config attribute, no training step flushed (also a
+            run that has just started and not reached its first log.interval flush), or the last
+            training loss is not finite (diverged).
+
+Tables are read column by column as numpy arrays; `Run.table(name, since=STEP)` reads only the rows
+with step >= STEP (binary search on the sorted step column), so paper-scale files (hundreds of
+millions of /traffic rows) are not read whole for the last steps' bytes.
+Needs h5py, numpy and PyYAML (Debian: python3-h5py python3-numpy python3-yaml; /usr/bin/python3).
+"""
+import hashlib
+import json
+import math
+import os
+import re
+import sys
+
+try:
+    import h5py
+    import numpy as np
+    import yaml
+except ImportError as e:
+    sys.exit(f"optcc_results: {e}; install python3-h5py python3-numpy python3-yaml (scripts/deps.sh) "
+             "or run with /usr/bin/python3")
+
+TRAFFIC_CLASSES = ["tp", "pp_fwd", "pp_bwd", "dp", "embedding", "control"]
+DATA_CLASSES = TRAFFIC_CLASSES[:5]  # what a scheme compresses; control (records, barriers) left out
+MEMORY_COMPONENTS = ["parameters", "gradients", "optimizer", "activations_peak", "lep_buffers",
+                     "ef_buffers", "pq_buffers"]
+STATUSES = ["complete", "partial", "failed"]
+# Config keys that name or place a run rather than change what it computes (left out of a
+# configuration, so runs that differ only there and in train.seed are seeds of one configuration).
+NON_CONFIG_KEYS = [("train", "seed"), ("log", "run_name"), ("log", "dir"), ("log", "level"),
+                   ("checkpoint", "dir")]
+
+# `optcc eval` writes <run>.eval-<step>[.attempt-N].h5 next to the run (harness/tools/eval_checkpoint.h):
+# an evaluation of a checkpoint, not a run's records; find_runs leaves these files out.
+EVAL_FILE = re.compile(r"\.eval-\d+(?:\.attempt-\d+)?\.h5$")
+RUN_FILE = re.compile(r"^(?P<run>.+?)(?:\.resumed-(?P<step>\d+))?(?:\.attempt-(?P<attempt>\d+))?\.h5$")
+
+
+def text(value):
+    """An HDF5 attribute as str (h5py gives str or bytes)."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def attr(f, name, default=""):
+    return text(f.attrs[name]) if name in f.attrs else default
+
+
+def open_results(path):
+    """Opens a results file for reading, also while its run writes it (SWMR) or after a kill."""
+    try:
+        return h5py.File(path, "r", swmr=True)
+    except OSError:
+        return h5py.File(path, "r")  # not an SWMR-capable (v110) file: plain open
+
+
+def parse_file_name(name):
+    """(run, resumed step, attempt) of a results file name, e.g. 'a.resumed-30.attempt-2.h5' ->
+    ('a', 30, 2); None for a name that is not *.h5."""
+    m = RUN_FILE.match(name)
+    if not m:
+        return None
+    return m["run"], int(m["step"] or 0), int(m["attempt"] or 1)
+
+
+def find_runs(results_dir):
+    """{(experiment, run): [paths]} for every *.h5 under results_dir (but `optcc eval` outputs, EVAL_FILE),
+    in sorted order."""
+    runs = {}
+    for root, dirs, files in os.walk(results_dir):
+        dirs.sort()
+        rel = os.path.relpath(root, results_dir)
+        experiment = "" if rel == "." else rel.replace(os.sep, "/")
+        for name in sorted(files):
+            parsed = None if EVAL_FILE.search(name) else parse_file_name(name)
+            if parsed:
+                runs.setdefault((experiment, parsed[0]), []).append(os.path.join(root, name))
+    return dict(sorted(runs.items()))
+
+
+def _bisect_step(ds, step):
+    """First row of the sorted 1-D step dataset `ds` with a value >= step (reads ~log2(n) elements)."""
+    lo, hi = 0, ds.shape[0]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if int(ds[mid]) < step:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+class ResultsFile:
+    """One readable file of a run: its attributes and where it starts."""
+
+    def __init__(self, path):
+        self.path = path
+        _, name_step, self.attempt = parse_file_name(os.path.basename(path)) or (None, 0, 1)
+        with open_results(path) as f:
+            self.attrs = {k: text(f.attrs[k]) for k in f.attrs}
+        self.first_step = int(self.attrs.get("resumed_from_step", name_step) or 0)
+        self.start_time = self.attrs.get("start_time", "")
+
+    def order(self):
+        return (self.start_time, self.first_step, self.attempt, self.path)
+
+    def read(self, name, since=None):
+        """{column: array} of table `name` (rows with step >= since), or None when it is absent."""
+        with open_results(self.path) as f:
+            if name not in f or not isinstance(f[name], h5py.Group):
+                return None
+            g = f[name]
+            cols = [c for c in g if isinstance(g[c], h5py.Dataset)]
+            if not cols:
+                return None
+            n = min(g[c].shape[0] for c in cols)  # equal after every flush; min guards a torn one
+            start = 0
+            if since is not None and "step" in g:
+                start = min(_bisect_step(g["step"], since), n)
+            return {c: g[c][start:n] for c in cols}
+
+
+def _truncate(table, last_step):
+    keep = table["step"] <= last_step
+    return {c: v[keep] for c, v in table.items()}
+
+
+class Run:
+    """The records of one run, merged over its files (see the module's docstring)."""
+
+    def __init__(self, experiment, name, paths):
+        self.experiment, self.name = experiment, name
+        self.files, self.unreadable = [], []
+        for p in paths:
+            try:
+                self.files.append(ResultsFile(p))
+            except (OSError, KeyError, ValueError) as e:
+                self.unreadable.append((p, str(e).splitlines()[0] if str(e) else type(e).__name__))
+        self.files.sort(key=ResultsFile.order)
+        self.attrs = self.files[-1].attrs if self.files else {}
+        self.config = self._parse_config()
+        self._cache = {}
+
+    @classmethod
+    def from_paths(cls, paths):
+        """A run of the given files (e.g. one file named on a command line)."""
+        name = parse_file_name(os.path.basename(paths[0]))
+        return cls("", name[0] if name else paths[0], paths)
+
+    def _parse_config(self):
+        try:
+            cfg = yaml.safe_load(self.attrs.get("config", "")) if self.attrs.get("config") else None
+        except yaml.YAMLError:
+            return None
+        return cfg if isinstance(cfg, dict) else None
+
+    def attr(self, name, default=""):
+        return self.attrs.get(name, default)
+
+    def table(self, name, since=None):
+        """{column: array} merged over the run's files; empty columns when no file has the table."""
+        key = (name, since)
+        if key not in self._cache:
+            merged = None
+            for f in self.files:
+                part = f.read(name, since)
+                if merged is not None and "step" in merged:
+                    merged = _truncate(merged, f.first_step)
+                if part is None:
+                    continue
+                merged = part if merged is None else {
+                    c: np.concatenate([merged[c], part[c]]) for c in part if c in merged}
+            self._cache[key] = merged or {}
+        return self._cache[key]
+
+    def rows(self, name):
+        t = self.table(name)
+        return len(next(iter(t.values()))) if t else 0
+
+    # --- facts of the run -------------------------------------------------------------------
+    def cfg(self, section, key, default=None):
+        return ((self.config or {}).get(section) or {}).get(key, default)
+
+    @property
+    def train_steps(self):
+        return int(self.cfg("train", "train_steps", 0) or 0)
+
+    @property
+    def seed(self):
+        return self.cfg("train", "seed", "")
+
+    @property
+    def scheme(self):
+        return self.attr("compression_scheme", "(none)")
+
+    @property
+    def last_step(self):
+        steps = self.table("train").get("step")
+        return int(steps[-1]) if steps is not None and len(steps) else 0
+
+    def status(self):
+        """(status, reason): see the module's docstring."""
+        if not self.files:
+            return "failed", "no readable file"
+        if self.config is None:
+            return "failed", "no config attribute"
+        t = self.table("train")
+        if not t or not len(t["step"]):
+            return "failed", "no training step flushed"
+        if not math.isfinite(float(t["loss"][-1])):
+            return "failed", f"loss not finite at step {int(t['step'][-1])}"
+        if self.last_step >= self.train_steps:
+            return "complete", ""
+        return "partial", f"step {self.last_step} of {self.train_steps}"
+
+    def final_eval(self):
+        """(step, loss, ppl) of the last evaluation, or None."""
+        e = self.table("eval")
+        if not e or not len(e["step"]):
+            return None
+        return int(e["step"][-1]), float(e["loss"][-1]), float(e["ppl"][-1])
+
+    def step_time(self, warmup=3):
+        """Median step seconds and tokens/s over the steps after `warmup` that recorded no timeline
+        (NaN when there are none)."""
+        t = self.table("train")
+        if not t or not len(t["step"]):
+            return float("nan"), float("nan")
+        recorded = self.table("breakdown").get("step", np.array([], dtype=np.int64))
+        keep = (t["step"] > warmup) & ~np.isin(t["step"], recorded)
+        if not keep.any():
+            return float("nan"), float("nan")
+        return float(np.median(t["step_seconds"][keep])), float(np.median(t["tokens_per_second"][keep]))
+
+    def bytes_per_step(self, window=20):
+        """{class: bytes all ranks sent per training step}, mean over the last `window` recorded steps
+        after the first (steady state: PowerSGD warm-up and SC calibration are over); {} without
+        /traffic rows."""
+        last = self.last_step
+        t = self.table("traffic", since=max(2, last - window + 1))
+        if not t or not len(t["step"]):
+            return {}
+        t = {c: v[t["step"] <= last] for c, v in t.items()}
+        n = max(1, len(np.unique(t["step"])))
+        return {c: float(t["bytes"][t["class"] == i].sum()) / n for i, c in enumerate(TRAFFIC_CLASSES)}
+
+    def config_hash(self):
+        """sha256 (12 hex digits) of the stored config attribute, as written."""
+        return hashlib.sha256(self.attr("config").encode()).hexdigest()[:12]
+
+    def configuration(self):
+        """The config without the keys that only name or place the run (NON_CONFIG_KEYS), as a dict."""
+        cfg = json.loads(json.dumps(self.config or {}, default=str))
+        for section, key in NON_CONFIG_KEYS:
+            (cfg.get(section) or {}).pop(key, None)
+        return cfg
+
+    def configuration_hash(self):
+        return hashlib.sha256(json.dumps(self.configuration(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def load_runs(results_dir, experiments=None):
+    """Every run under results_dir (optionally only the named experiments), sorted."""
+    out = []
+    for (experiment, name), paths in find_runs(results_dir).items():
+        if experiments is None or experiment in experiments:
+            out.append(Run(experiment, name, paths))
+    return out
+
+
+def flatten(d, prefix=""):
+    """{'a': {'b': 1}} -> {'a.b': 1}; lists become compact JSON text."""
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, list) else v
+    return out
+
+
+def mean_std(values):
+    """(mean, sample standard deviation with n - 1, n); std is NaN for one value."""
+    v = np.asarray([x for x in values if x is not None and math.isfinite(x)], dtype=float)
+    if len(v) == 0:
+        return float("nan"), float("nan"), 0
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else float("nan"), len(v)

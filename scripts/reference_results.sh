@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Makes the committed reference results (results/reference/): short CPU runs of the paper's
+# experiments so that `make figures` works on a fresh clone. PLACEHOLDERS, not evidence: the
+# `tiny` preset (2 layers, h = 64) or the `mini` preset for a few steps, one or two seeds, on this
+# machine's 8 local ranks; the experiment files (experiments/*.yaml) and slurm/submit make the
+# real ones. paper/README.md says what each shows and what it cannot. About 30 minutes on 2 cores,
+# one training run at a time.
+#   scripts/reference_results.sh [PART ...]     PART: table2 fig11 fig12 fig10 compressors-dp fig14
+#                                               (default: all; a part's folder is emptied first)
+# Then every results file is compacted (scripts/compact_results.py: gzip, same values) and
+# `make figures` regenerates paper/. Environment: OPTCC (default build/optcc), BENCH (default
+# build/tests/bench/bench_compression), PYTHON (default /usr/bin/python3), CKPT (checkpoint root,
+# default /tmp/optcc-reference-ckpt; removed at the start of each part), PAUSE_FILE (while this
+# file exists, wait before starting the next run or benchmark: timing measurements beside it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OPTCC=${OPTCC:-build/optcc}
+BENCH=${BENCH:-build/tests/bench/bench_compression}
+PYTHON=${PYTHON:-/usr/bin/python3}
+CKPT=${CKPT:-/tmp/optcc-reference-ckpt}
+OUT=results/reference
+TINY=(--config experiments/schemes/mini-3d.yaml --set model.preset=tiny --set train.train_steps=150
+      --set train.warmup_steps=15 --set train.eval_interval=25 --set train.eval_iters=5 --set log.interval=10
+      --set checkpoint.interval=50 --set checkpoint.keep=1)
+SC_DP="compression.dp={name: powersgd, rank: 16, error_feedback: true, warmup_steps: 0}"
+
+pause() { while [ -n "${PAUSE_FILE:-}" ] && [ -e "$PAUSE_FILE" ]; do sleep 30; done; }
+
+# train EXP RUN [optcc train options...]: one run into results/reference/EXP/RUN.h5
+train() {
+  local exp=$1 run=$2
+  shift 2
+  local log="$CKPT/$exp-$run.log"
+  mkdir -p "$CKPT"
+  pause
+  echo "== $exp/$run"
+  "$OPTCC" train --nproc 8 "$@" --set log.dir="$OUT/$exp" --set log.run_name="$run" \
+    --set checkpoint.dir="$CKPT/$exp/$run" >"$log" 2>&1 || { tail -20 "$log"; exit 1; }
+  grep -E "eval .*step|done:" "$log" | tail -2
+}
+
+# last_step FILE: the last /train step flushed to FILE (0 while there is none)
+last_step() {
+  "$PYTHON" -c "import h5py,sys
+try:
+    f = h5py.File(sys.argv[1], 'r', swmr=True); s = f['train/step']; print(int(s[-1]) if len(s) else 0)
+except Exception: print(0)" "$1"
+}
+
+# train_killed STEP EXP RUN [options...]: the run, SIGKILLed (all ranks) once STEP is flushed
+train_killed() {
+  local step=$1 exp=$2 run=$3
+  shift 3
+  pause
+  echo "== $exp/$run (killed after step $step is flushed)"
+  setsid "$OPTCC" train --nproc 8 "$@" --set log.dir="$OUT/$exp" --set log.run_name="$run" \
+    --set checkpoint.dir="$CKPT/$exp/$run" >/dev/null 2>&1 &
+  local pid=$!
+  until [ "$(last_step "$OUT/$exp/$run.h5")" -ge "$step" ]; do
+    kill -0 "$pid" 2>/dev/null || { echo "$exp/$run ended before step $step" >&2; exit 1; }
+    sleep 1
+  done
+  kill -KILL -- "-$pid"
+  wait "$pid" || true
+}
+
+fresh() { rm -rf "${OUT:?}/$1" "${CKPT:?}/$1"; mkdir -p "$OUT/$1"; }
+
+part_table2() {  # five schemes x seeds 1, 2; a partial run; a killed and resumed run
+  fresh table2
+  for scheme in baseline cb cb_fe cb_fe_sc cb_nonlep; do
+    extra=(--set compression.scheme=$scheme)
+    [[ $scheme == cb_fe_sc ]] && extra+=(--set "$SC_DP")
+    for seed in 1 2; do
+      if [[ $scheme == cb && $seed == 2 ]]; then  # killed after its step-50 checkpoint, then resumed
+        train_killed 60 table2 "$scheme-seed$seed" "${TINY[@]}" "${extra[@]}" --set train.seed=$seed
+        train table2 "$scheme-seed$seed" "${TINY[@]}" "${extra[@]}" --set train.seed=$seed --resume auto
+      else
+        train table2 "$scheme-seed$seed" "${TINY[@]}" "${extra[@]}" --set train.seed=$seed
+      fi
+    done
+  done
+  train_killed 80 table2 baseline-seed3 "${TINY[@]}" --set compression.scheme=baseline --set train.seed=3
+}
+
+part_fig11() {  # CB on every backward send with LEP, the orthogonality diagnostic on
+  fresh fig11
+  for seed in 1 2; do
+    train fig11 "seed$seed" --config experiments/schemes/fig11-mini-3d.yaml --set model.preset=tiny \
+      --set train.train_steps=100 --set train.warmup_steps=10 --set train.eval_interval=25 \
+      --set train.eval_iters=5 --set train.seed=$seed
+  done
+}
+
+part_fig12() {  # memory: baseline, CB without EF, CB + LEP, CB + per-micro-batch EF (mini, 6 steps);
+  fresh fig12   # epilogue-only (the paper's CB) and on every backward send (where m EF buffers show)
+  local m=(--config experiments/schemes/mini-3d.yaml --set train.train_steps=6 --set train.eval_interval=0
+           --set train.eval_iters=2 --set log.interval=2)
+  train fig12 baseline "${m[@]}" --set compression.scheme=baseline
+  train fig12 cb_nonlep "${m[@]}" --set compression.scheme=cb_nonlep
+  train fig12 cb_lep "${m[@]}" --set compression.scheme=cb
+  train fig12 cb_per_microbatch "${m[@]}" --set compression.scheme=cb --set compression.lep=per_microbatch
+  train fig12 cb_all_lep "${m[@]}" --set compression.scheme=cb --set compression.backward_phases=all
+  train fig12 cb_all_per_microbatch "${m[@]}" --set compression.scheme=cb --set compression.backward_phases=all \
+    --set compression.lep=per_microbatch
+}
+
+part_fig10() {  # emulated paper cluster, timelines of steps 8 and 9 (mini, 10 steps)
+  fresh fig10
+  local e=(--config experiments/emulation/mini-3d-paper-regime.yaml --set train.train_steps=10
+           --set "log.timeline_steps=[8, 9]" --set log.interval=2)
+  for scheme in baseline cb cb_fe cb_fe_sc; do
+    extra=(--set compression.scheme=$scheme)
+    [[ $scheme == cb_fe_sc ]] && extra+=(--set "$SC_DP")
+    train fig10 "$scheme" "${e[@]}" "${extra[@]}"
+  done
+}
+
+part_compressors_dp() {  # DP compressors on the baseline scheme: ppl against bytes (tiny, 120 steps)
+  fresh compressors-dp
+  local c=("${TINY[@]}" --set train.train_steps=120 --set compression.scheme=baseline)
+  train compressors-dp none "${c[@]}"
+  train compressors-dp fp16 "${c[@]}" --set "compression.dp={name: fp16}"
+  train compressors-dp powersgd-r4 "${c[@]}" --set "compression.dp={name: powersgd, rank: 4, warmup_steps: 0}"
+  train compressors-dp powersgd-r16 "${c[@]}" --set "compression.dp={name: powersgd, rank: 16, warmup_steps: 0}"
+  train compressors-dp topk-1pct "${c[@]}" --set "compression.dp={name: topk, fraction: 0.01}"
+  train compressors-dp qsgd "${c[@]}" --set "compression.dp={name: qsgd}"
+  train compressors-dp signsgd "${c[@]}" --set "compression.dp={name: signsgd}"
+}
+
+part_fig14() {  # lowrank encode/decode and PowerSGD against rank on the Fig. 14 slice shapes
+  fresh fig14
+  pause
+  "$BENCH" --benchmark_filter='fig14/.*/r[0-9]+$' --benchmark_out="$OUT/fig14/compression.json" \
+    --benchmark_out_format=json >/dev/null
+}
+
+parts=("$@")
+[ ${#parts[@]} -eq 0 ] && parts=(table2 fig11 fig12 fig10 compressors-dp fig14)
+for p in "${parts[@]}"; do
+  start=$(date +%s)
+  "part_${p//-/_}"
+  echo "== $p: $(( $(date +%s) - start )) s"
+done
+find "$OUT" -name '*.h5' -print0 | sort -z | xargs -0 -r "$PYTHON" scripts/compact_results.py
+rm -rf "${CKPT:?}"
+make --no-print-directory figures PYTHON="$PYTHON"

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""The runs of an experiment file, as `optcc sweep --json` expands them, and the rules every runner
+shares (slurm/submit's array tasks, slurm/local): where a run's files are, when it is finished, how it
+is started or resumed. Also the entry point of one array task:
+
+  python3 slurm/experiment_runs.py task EXP.yaml SCALE INDEX [-- extra optcc train args]
+
+Environment (all optional; slurm/submit and slurm/local document the same list):
+  OPTCC              the optcc binary (default build/optcc, relative to the repository root)
+  PYTHON             the Python with h5py/matplotlib for the index and figures (default /usr/bin/python3)
+  OPTCC_RESULTS      the results root (default results): a run writes OPTCC_RESULTS/<experiment>/<run>.h5;
+                     any other value adds --set log.dir=... and --set checkpoint.dir=... to each run, so
+                     its results and checkpoints go there instead (tests use a temporary directory)
+  OPTCC_FIGURES      where make_figures.py writes (default paper)
+
+A run of kind train is `optcc train <args> <extra> --resume auto`; a run of kind benchmark is its
+program with the sweep's options (extra train args are not passed to it), one process.
+Rules:
+  finished  <results dir>/<run>.done exists. It is written after `optcc train` exits 0, i.e. the run
+            reached train.train_steps; a finished run is skipped (delete the .done file, and the
+            run's checkpoint directory to start from step 0, to run it again).
+  resume    every train run is started with --resume auto: it continues from its checkpoint directory's
+            newest checkpoint when there is one (a requeued or resubmitted task), else starts at step 0.
+"""
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Settings:
+    """The scripts' environment variables, resolved against the repository root."""
+
+    def __init__(self, env=os.environ):
+        self.optcc = os.path.join(ROOT, env.get("OPTCC", "build/optcc"))
+        default_python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else "python3"
+        self.python = env.get("PYTHON", default_python)
+        self.results = env.get("OPTCC_RESULTS", "results")
+        self.figures = env.get("OPTCC_FIGURES", "paper")
+
+    def redirected(self):
+        """True when results go somewhere else than the experiment files' results/."""
+        return os.path.normpath(self.results) != "results"
+
+
+def fail(message):
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run_optcc(settings, args):
+    """Runs optcc in the repository root; its stdout, or exits with its error."""
+    if not os.access(settings.optcc, os.X_OK):
+        fail(f"OPTCC={settings.optcc} is not an executable. Fix: build it (make build) or set OPTCC to the binary.")
+    p = subprocess.run([settings.optcc, *args], cwd=ROOT, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.stderr.write(p.stderr)
+        fail(f"`{shlex.join(['optcc', *args])}` exited {p.returncode} (its error is above)")
+    return p.stdout
+
+
+def experiment_path(path):
+    """EXP as optcc sees it from the repository root (relative when inside it)."""
+    full = os.path.abspath(path)
+    if not os.path.isfile(full):
+        fail(f"experiment file {path} does not exist (looked at {full})")
+    rel = os.path.relpath(full, ROOT)
+    return full if rel.startswith("..") else rel
+
+
+def expand(settings, exp, scale, check=False):
+    """`optcc sweep EXP --scale S --json` as a dict; with check, `--check` first (every run's config
+    loads and validates, else optcc names the bad runs and this exits)."""
+    if check:
+        run_optcc(settings, ["sweep", exp, "--scale", scale, "--check"])
+    return json.loads(run_optcc(settings, ["sweep", exp, "--scale", scale, "--json"]))
+
+
+class Run:
+    """One run of an expanded experiment, with its files under the results root in force."""
+
+    def __init__(self, settings, plan, run):
+        self.index = run["index"]
+        self.name = run["run"]
+        self.kind = run.get("kind", "train")  # train | benchmark (args start with the program)
+        self.world_size = run["world_size"]
+        self.args = list(run["args"])
+        experiment_dir = os.path.relpath(plan["results_dir"], "results")
+        self.results_dir = os.path.join(settings.results, experiment_dir)
+        self.results = os.path.join(self.results_dir, os.path.basename(run["results"]))
+        self.checkpoint_dir = run.get("checkpoint_dir") or ""
+        if settings.redirected():
+            self.redirect(plan, run)
+        self.marker = os.path.join(self.results_dir, self.name + ".done")
+
+    def redirect(self, plan, run):
+        """Results (and checkpoints) under settings.results: later options win over the sweep's."""
+        if self.kind == "benchmark":
+            self.args.append(f"--benchmark_out={self.results}")
+            return
+        rel = os.path.relpath(run["checkpoint_dir"], plan["results_dir"])
+        if rel.startswith(".."):  # checkpoints outside the results dir: give them one inside
+            rel = os.path.join("ckpt", self.name)
+        self.checkpoint_dir = os.path.join(self.results_dir, rel)
+        self.args += ["--set", f"log.dir={self.results_dir}", "--set", f"checkpoint.dir={self.checkpoint_dir}"]
+
+    def finished(self):
+        return os.path.exists(os.path.join(ROOT, self.marker))
+
+    def has_checkpoint(self):
+        return bool(self.checkpoint_dir) and os.path.exists(os.path.join(ROOT, self.checkpoint_dir, "latest"))
+
+    def state(self):
+        """'finished: ... skipped', 'resumes from DIR' or 'starts at step 0'."""
+        if self.finished():
+            return f"finished: {self.marker} exists, skipped"
+        if self.has_checkpoint():
+            return f"resumes from {self.checkpoint_dir}"
+        return "starts at step 0"
+
+    def train_args(self, extra):
+        """optcc's arguments: the sweep's, the caller's extra ones, then --resume auto (unless given).
+        A benchmark run's are the sweep's (program and options) only: extra train args do not apply."""
+        if self.kind == "benchmark":
+            return list(self.args)
+        args = self.args + list(extra)
+        if not any(a == "--resume" or a.startswith("--resume=") for a in extra):
+            args += ["--resume", "auto"]
+        return args
+
+    def mark_finished(self, command):
+        os.makedirs(os.path.join(ROOT, self.results_dir), exist_ok=True)
+        with open(os.path.join(ROOT, self.marker), "w") as f:
+            f.write(f"finished {datetime.datetime.now().isoformat(timespec='seconds')}\n")
+            f.write(f"slurm job {os.environ.get('SLURM_JOB_ID', '-')}\n")
+            f.write(f"command {shlex.join(command)}\n")
+
+
+def launch_command(settings, run, extra, launcher):
+    """The command that trains `run`: srun starts world_size tasks in a Slurm allocation; local starts
+    the ranks as processes of this machine (--nproc). A benchmark run is its program, one process."""
+    if run.kind == "benchmark":
+        program, *options = run.train_args(extra)
+        train = [os.path.join(ROOT, program), *options]
+    else:
+        train = [settings.optcc, *run.train_args(extra)]
+    if launcher == "local":
+        return train if run.kind == "benchmark" else train + ["--nproc", str(run.world_size)]
+    srun = ["srun", "--kill-on-bad-exit=1"]
+    if os.environ.get("SLURM_CPUS_PER_TASK"):  # srun does not inherit sbatch's --cpus-per-task (22.05+)
+        srun.append(f"--cpus-per-task={os.environ['SLURM_CPUS_PER_TASK']}")
+    return srun + train
+
+
+def run_one(settings, run, extra, launcher):
+    """Trains `run` unless finished; writes its .done marker when optcc exits 0. Returns the exit code."""
+    if run.finished():
+        print(f"[{run.index}] {run.name}: finished ({run.marker} exists), skipped", flush=True)
+        return 0
+    command = launch_command(settings, run, extra, launcher)
+    os.makedirs(os.path.join(ROOT, run.results_dir), exist_ok=True)  # a benchmark's --benchmark_out needs it
+    print(f"[{run.index}] {run.name}: {run.state()}\n  {shlex.join(command)}", flush=True)
+    code = subprocess.run(command, cwd=ROOT).returncode
+    if code == 0:
+        run.mark_finished(command)
+        print(f"[{run.index}] {run.name}: done -> {run.results}", flush=True)
+    else:
+        print(f"[{run.index}] {run.name}: optcc exited {code}; not marked finished (a rerun resumes it)",
+              file=sys.stderr, flush=True)
+    return code
+
+
+def task_main(argv):
+    """`task EXP SCALE INDEX [-- extra]`: one array task (slurm/experiment.sbatch)."""
+    if len(argv) < 3:
+        fail("usage: experiment_runs.py task EXP.yaml SCALE INDEX [-- extra optcc train args]")
+    exp, scale, index = argv[0], argv[1], argv[2]
+    extra = argv[3:]
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    settings = Settings()
+    plan = expand(settings, experiment_path(exp), scale)
+    runs = {r["index"]: r for r in plan["runs"]}
+    if not index.isdigit() or int(index) not in runs:
+        fail(f"run index {index} is not in {exp} at scale {scale} (indices {sorted(runs)})")
+    return run_one(settings, Run(settings, plan, runs[int(index)]), extra, "srun")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2 or sys.argv[1] != "task":
+        fail("usage: experiment_runs.py task EXP.yaml SCALE INDEX [-- extra optcc train args]")
+    sys.exit(task_main(sys.argv[2:]))

@@ -1,0 +1,384 @@
+#!/usr/bin/env python3
+"""scripts/results_index.py and scripts/make_figures.py on results files built here with h5py in the
+trainer's layout (harness/train/run_records.cpp: the same tables, columns and root attributes), then
+make_figures.py on the committed reference results.
+
+  figures_test.py SOURCE_DIR
+
+Runs (experiment "exp", train.train_steps = 10; one root file outside any experiment):
+  baseline seeds 1, 2, 3    complete
+  cb seeds 1, 2             complete; seed 2 in two files: cb-seed2.h5 flushed steps 1..7 and was resumed
+                            from its step-5 checkpoint into cb-seed2.resumed-5.h5 (steps 6..10, other
+                            losses): steps 6 and 7 must come from the resumed file
+  cb_fe seed 1              partial: steps 1..6 flushed
+  broken                    not an HDF5 file: failed
+  empty                     a results file without a training row: failed
+Expected values are computed here from the numbers written (statistics.mean/stdev), not read back.
+"""
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+import yaml
+
+SOURCE = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PY = sys.executable
+STEPS = 10
+SCHEME = {  # the parts of the effective config a scheme sets (harness/config)
+    "baseline": {"dp": "none", "pipeline_backward": "none", "fused_embedding": False, "lep": "lazy"},
+    "cb": {"dp": "none", "pipeline_backward": {"name": "lowrank", "rank": 16}, "fused_embedding": False,
+           "lep": "lazy"},
+    "cb_fe": {"dp": "none", "pipeline_backward": {"name": "lowrank", "rank": 16}, "fused_embedding": True,
+              "lep": "lazy"},
+}
+# bytes per step per class (tp, pp_fwd, pp_bwd, dp, embedding, control), two ranks each sending half
+BYTES = {"baseline": [4000000, 1000000, 1000000, 8000000, 2000000, 1000],
+         "cb": [4000000, 1000000, 250000, 8000000, 2000000, 1000],
+         "cb_fe": [4000000, 1000000, 250000, 8000000, 1000000, 1000]}
+STEP_SECONDS = {"baseline": 2.0, "cb": 1.6, "cb_fe": 1.5}
+FINAL = {("baseline", 1): (5.1, 164.02190729990173), ("baseline", 2): (5.3, 200.33680997479166),
+         ("baseline", 3): (5.17, 175.91483748598365), ("cb", 1): (5.19, 179.46838917787342),
+         ("cb", 2): (5.41, 223.63158363960034)}
+
+TABLES = {
+    "train": ["step", "loss", "lr", "grad_norm", "step_seconds", "tokens_per_second"],
+    "eval": ["step", "loss", "ppl", "ppl_capped"],
+    "traffic": ["step", "rank", "class", "link", "bytes", "calls", "seconds", "emulated_seconds"],
+    "memory_components": ["step", "rank", "parameters", "gradients", "optimizer", "activations_peak",
+                          "lep_buffers", "ef_buffers", "pq_buffers", "tracked_peak"],
+    "lep_orthogonality": ["step", "rank", "microbatch", "cosine", "error_mean", "delta_mean"],
+}
+INT_COLUMNS = {"step", "rank", "class", "link", "bytes", "calls", "ppl_capped", "microbatch", "parameters",
+               "gradients", "optimizer", "activations_peak", "lep_buffers", "ef_buffers", "pq_buffers",
+               "tracked_peak"}
+
+
+def config(scheme, seed, run):
+    return {"model": {"preset": "tiny", "num_layers": 2, "hidden_size": 64},
+            "parallel": {"tp": 1, "pp": 2, "dp": 1},
+            "train": {"train_steps": STEPS, "seed": seed, "lr": 0.001},
+            "compression": {"scheme": scheme, **SCHEME[scheme]},
+            "log": {"dir": "results/exp", "run_name": run, "interval": 1, "level": "info"},
+            "checkpoint": {"dir": f"ckpt/{run}", "interval": 5}}
+
+
+def write_file(path, attrs, rows):
+    """A results file as Hdf5MetricsSink writes it: string root attributes, one group per table."""
+    with h5py.File(path, "w", libver="latest") as f:
+        for k, v in attrs.items():
+            f.attrs[k] = v
+        for group, cols in TABLES.items():
+            g = f.create_group(group)
+            g.attrs["columns"] = ",".join(cols)
+            data = rows.get(group, [])
+            for i, c in enumerate(cols):
+                values = [r[i] for r in data]
+                dtype = np.int64 if c in INT_COLUMNS else np.float64
+                g.create_dataset(c, data=np.array(values, dtype=dtype), maxshape=(None,), chunks=(1024,))
+
+
+def run_rows(scheme, seed, first, last, final, loss_shift=0.0):
+    """Rows of steps first..last: train, eval at every 5th step and at the end, traffic, memory."""
+    rows = {k: [] for k in TABLES}
+    for s in range(first, last + 1):
+        loss = 9.0 - 0.3 * s + loss_shift
+        rows["train"].append([s, loss, 1e-3, 1.0, STEP_SECONDS[scheme], 256 / STEP_SECONDS[scheme]])
+        for c, b in enumerate(BYTES[scheme]):
+            for rank in (0, 1):
+                rows["traffic"].append([s, rank, c, 1, b // 2, 1, 0.01, 0.0])
+        for rank in (0, 1):
+            lep = 65536 if scheme != "baseline" else 0
+            rows["memory_components"].append([s, rank, 1000000, 1000000, 2000000, 3000000 + rank, lep, 0, 0,
+                                              7000000 + rank + lep])
+        if scheme == "cb":
+            for j in range(3):  # Fig. 11 rows: cosine alternating in sign
+                rows["lep_orthogonality"].append([s, 1, j, (-1) ** j * 0.01 * (j + 1), 1e-5, -2e-5])
+        if s == STEPS or s % 5 == 0:
+            loss_e, ppl_e = final if s == STEPS else (loss + 0.1, math.exp(loss + 0.1))
+            rows["eval"].append([s, loss_e, ppl_e, 0])
+    return rows
+
+
+def attrs_of(scheme, seed, run, start, first_step=0):
+    return {"config": yaml.safe_dump(config(scheme, seed, run), sort_keys=False), "compression_scheme": scheme,
+            "git_revision": "abc123", "start_time": start, "resumed_from_step": str(first_step),
+            "layout": "tp=1 pp=2 dp=1"}
+
+
+def build_results(root):
+    exp = os.path.join(root, "exp")
+    os.makedirs(exp)
+    for (scheme, seed), final in FINAL.items():
+        run = f"{scheme}-seed{seed}"
+        if (scheme, seed) == ("cb", 2):  # killed after step 7, resumed from the step-5 checkpoint
+            write_file(os.path.join(exp, f"{run}.h5"), attrs_of(scheme, seed, run, "2026-01-01T00:00:00Z"),
+                       run_rows(scheme, seed, 1, 7, final, loss_shift=0.5))
+            resumed = run_rows(scheme, seed, 6, STEPS, final)
+            write_file(os.path.join(exp, f"{run}.resumed-5.h5"),
+                       attrs_of(scheme, seed, run, "2026-01-01T01:00:00Z", 5), resumed)
+        else:
+            write_file(os.path.join(exp, f"{run}.h5"), attrs_of(scheme, seed, run, "2026-01-01T00:00:00Z"),
+                       run_rows(scheme, seed, 1, STEPS, final))
+    write_file(os.path.join(exp, "cb_fe-seed1.h5"), attrs_of("cb_fe", 1, "cb_fe-seed1", "2026-01-01T00:00:00Z"),
+               run_rows("cb_fe", 1, 1, 6, None))
+    write_file(os.path.join(exp, "empty.h5"), attrs_of("baseline", 9, "empty", "2026-01-01T00:00:00Z"), {})
+    # `optcc eval` output next to its run (harness/tools/eval_checkpoint.h): not a run of its own
+    for name in ("baseline-seed1.eval-10.h5", "baseline-seed1.eval-10.attempt-2.h5"):
+        with h5py.File(os.path.join(exp, name), "w") as f:
+            f.attrs["kind"] = "eval_checkpoint"
+    with open(os.path.join(exp, "broken.h5"), "wb") as f:
+        f.write(b"not an HDF5 file")
+    write_file(os.path.join(root, "loose.h5"), attrs_of("baseline", 1, "loose", "2026-01-01T00:00:00Z"),
+               run_rows("baseline", 1, 1, STEPS, (6.0, math.exp(6.0))))
+    write_benchmark(os.path.join(root, "bench", "compression.json"))
+    abl = os.path.join(root, "ablation")  # one scheme, the CB rank varies; labels come from that key
+    os.makedirs(abl)
+    for seed, rank in ((1, 16), (2, 4)):  # names alike but for the seed: labels from the config instead
+        a = attrs_of("cb", seed, f"run-seed{seed}", "2026-01-01T00:00:00Z")
+        cfg = yaml.safe_load(a["config"])
+        cfg["compression"]["pipeline_backward"]["rank"] = rank
+        a["config"] = yaml.safe_dump(cfg)
+        write_file(os.path.join(abl, f"run-seed{seed}.h5"), a, run_rows("cb", seed, 1, STEPS, (5.0 + rank / 100, 150.0)))
+    with open(os.path.join(abl, "broken.h5"), "wb") as f:
+        f.write(b"")
+
+
+def write_benchmark(path):
+    """A Google Benchmark JSON (tests/bench/compression_bench.cpp's names): lowrank encode at r 8 and 16
+    with 3 repetitions (mean and median aggregates), powersgd at r 16 once, int8 at its defaults."""
+    bench = []
+    for r, reps in ((8, [2.0e9, 3.0e9, 2.5e9]), (16, [1.0e9, 1.5e9, 1.2e9])):
+        name = f"codec/lowrank/encode/fig14/1024x1920/r{r}"
+        bench += [{"name": name, "run_name": name, "run_type": "iteration", "bytes_per_second": b} for b in reps]
+        bench += [{"name": f"{name}_mean", "run_name": name, "run_type": "aggregate", "aggregate_name": "mean",
+                   "bytes_per_second": float(np.mean(reps))},
+                  {"name": f"{name}_median", "run_name": name, "run_type": "aggregate", "aggregate_name": "median",
+                   "bytes_per_second": float(np.median(reps))}]
+    bench.append({"name": "reducer/powersgd/reduce/fig14/1024x1920/r16", "run_type": "iteration",
+                  "bytes_per_second": 0.7e9})
+    bench.append({"name": "codec/int8/encode/fig14/1024x1920", "run_type": "iteration", "bytes_per_second": 5e9})
+    bench.append({"name": "membw/copy_256MiB", "run_type": "iteration", "bytes_per_second": 9e9})
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"context": {"date": "2026-01-01"}, "benchmarks": bench}, f)
+
+
+def script(name, *args):
+    return subprocess.run([PY, os.path.join(SOURCE, "scripts", name), *args], capture_output=True, text=True)
+
+
+class FiguresTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        cls.results = os.path.join(cls.tmp.name, "results")
+        cls.paper = os.path.join(cls.tmp.name, "paper")
+        build_results(cls.results)
+        cls.index_run = script("results_index.py", "--results", cls.results)
+        cls.fig_run = script("make_figures.py", "--results", cls.results, "--out", cls.paper)
+        cls.fig_rerun = script("make_figures.py", "--results", cls.results, "--out", cls.paper)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def index(self):
+        self.assertEqual(self.index_run.returncode, 0, self.index_run.stderr)
+        with open(os.path.join(self.results, "index.csv")) as f:
+            return {(r["experiment"], r["run"]): r for r in csv.DictReader(f)}
+
+    def test_index_statuses_and_steps(self):
+        rows = self.index()
+        rows = {k: v for k, v in rows.items() if k[0] != "ablation"}
+        self.assertEqual(sorted(rows), [("", "loose"), ("exp", "baseline-seed1"), ("exp", "baseline-seed2"),
+                                        ("exp", "baseline-seed3"), ("exp", "broken"), ("exp", "cb-seed1"),
+                                        ("exp", "cb-seed2"), ("exp", "cb_fe-seed1"), ("exp", "empty")])
+        expect = {"baseline-seed1": ("complete", "10"), "cb-seed2": ("complete", "10"), "cb_fe-seed1": ("partial", "6"),
+                  "broken": ("failed", "0"), "empty": ("failed", "0")}
+        for run, (status, last) in expect.items():
+            self.assertEqual((rows[("exp", run)]["status"], rows[("exp", run)]["last_step"]), (status, last), run)
+        self.assertEqual(rows[("exp", "cb_fe-seed1")]["note"], "step 6 of 10")
+        self.assertEqual(rows[("exp", "empty")]["note"], "no training step flushed")
+        self.assertIn("no readable file", rows[("exp", "broken")]["note"])
+        self.assertIn("12 runs (8 complete, 1 partial, 3 failed)", self.index_run.stdout)
+
+    def test_index_final_values_exact(self):
+        rows = self.index()
+        for (scheme, seed), (loss, ppl) in FINAL.items():
+            r = rows[("exp", f"{scheme}-seed{seed}")]
+            self.assertEqual(float(r["final_valid_ppl"]), ppl)
+            self.assertEqual(float(r["final_valid_loss"]), loss)
+            self.assertEqual((r["eval_step"], r["seed"], r["scheme"]), ("10", str(seed), scheme))
+        b1 = rows[("exp", "baseline-seed1")]
+        self.assertEqual(float(b1["bytes_per_step"]), sum(BYTES["baseline"][:5]))
+        self.assertEqual(float(b1["step_seconds"]), 2.0)
+        self.assertEqual(b1["git_revision"], "abc123")
+        # seeds of one configuration share `configuration`, not `config_hash`
+        self.assertEqual(b1["configuration"], rows[("exp", "baseline-seed2")]["configuration"])
+        self.assertNotEqual(b1["config_hash"], rows[("exp", "baseline-seed2")]["config_hash"])
+        self.assertNotEqual(b1["configuration"], rows[("exp", "cb-seed1")]["configuration"])
+
+    def test_index_merges_resumed_file(self):
+        rows = self.index()
+        self.assertEqual(rows[("exp", "cb-seed2")]["files"], "exp/cb-seed2.h5;exp/cb-seed2.resumed-5.h5")
+        sys.path.insert(0, os.path.join(SOURCE, "scripts"))
+        import optcc_results as R
+        run = [r for r in R.load_runs(self.results) if r.name == "cb-seed2"][0]
+        train = run.table("train")
+        self.assertEqual(train["step"].tolist(), list(range(1, 11)))
+        # steps 1..5 from the first file (shifted by 0.5), 6..10 from the resumed one
+        expected = [9.0 - 0.3 * s + (0.5 if s <= 5 else 0.0) for s in range(1, 11)]
+        self.assertEqual(train["loss"].tolist(), expected)
+        self.assertEqual(run.table("eval")["step"].tolist(), [5, 10])
+
+    def test_figures_files(self):
+        self.assertEqual(self.fig_run.returncode, 0, self.fig_run.stdout + self.fig_run.stderr)
+        self.assertNotIn("Traceback", self.fig_run.stdout + self.fig_run.stderr)
+        made = sorted(os.listdir(os.path.join(self.paper, "exp")))
+        self.assertEqual(made, sorted(["index.md"] + [f"{s}.{e}" for s in ("table",) for e in ("md", "tex")] +
+                                      [f"{s}.{e}" for s in ("curves", "pareto") for e in ("png", "pdf")] +
+                                      [f"{s}.{e}" for s in ("memory", "lep_orthogonality")
+                                       for e in ("png", "pdf", "md", "tex")]))
+        out = self.fig_run.stdout
+        self.assertIn("1 runs directly in", out)
+        self.assertIn("exp: skipped breakdown (no /breakdown rows: set log.timeline_steps)", out)
+        self.assertIn("bench/compression.json -> ", out)
+        self.assertEqual(sorted(os.listdir(os.path.join(self.paper, "bench"))),
+                         [f"compression-fig14.{e}" for e in ("md", "pdf", "png", "tex")])
+        self.assertEqual(self.fig_rerun.returncode, 0)
+        self.assertIn("0 files written", self.fig_rerun.stdout)  # deterministic: nothing changes
+
+    def table_rows(self, name):
+        with open(os.path.join(self.paper, "exp", name)) as f:
+            lines = [l for l in f.read().splitlines() if l.startswith("| ") and "---" not in l]
+        header = [c.strip() for c in lines[0].strip("|").split("|")]
+        return {r[0]: dict(zip(header, r)) for r in ([c.strip() for c in l.strip("|").split("|")] for l in lines[1:])}
+
+    def test_table_numbers(self):
+        rows = self.table_rows("table.md")
+        self.assertEqual(list(rows), ["baseline", "cb", "cb_fe (partial)"])  # broken: no config, no row
+        base_ppl = [FINAL[("baseline", s)][1] for s in (1, 2, 3)]
+        cb_ppl = [FINAL[("cb", s)][1] for s in (1, 2)]
+        b, c = rows["baseline"], rows["cb"]
+        self.assertEqual(b["valid ppl"], f"{statistics.mean(base_ppl):.2f} ± {statistics.stdev(base_ppl):.2f}")
+        self.assertEqual(c["valid ppl"], f"{statistics.mean(cb_ppl):.2f} ± {statistics.stdev(cb_ppl):.2f}")
+        base_loss = [FINAL[("baseline", s)][0] for s in (1, 2, 3)]
+        self.assertEqual(b["valid loss"], f"{statistics.mean(base_loss):.4f} ± {statistics.stdev(base_loss):.4f}")
+        d = [FINAL[("cb", s)][0] - FINAL[("baseline", s)][0] for s in (1, 2)]
+        self.assertEqual(c["Δ loss vs ref (paired)"], f"{statistics.mean(d):+.4f} ± {statistics.stdev(d):.4f} (n=2)")
+        self.assertEqual(c["ppl vs ref"], f"{100 * (statistics.mean(cb_ppl) / statistics.mean(base_ppl) - 1):+.1f}%")
+        self.assertEqual(c["speed-up"], f"{2.0 / 1.6:.3f}")
+        # empty.h5 has the baseline config (seed 9): a failed run of that configuration
+        self.assertEqual((b["runs"], b["seeds"], c["seeds"]), ("3 + 1 failed", "1,2,3", "1,2"))
+        self.assertEqual(c["pp_bwd MB/step"], "0.250")
+        self.assertEqual(c["total MB/step"], f"{sum(BYTES['cb'][:5]) / 1e6:.3f}")
+        p = rows["cb_fe (partial)"]
+        self.assertEqual((p["runs"], p["valid ppl"], p["steps"]), ("0 + 1 partial (step 6/10)", f"{math.exp(7.6):.2f}", "6"))
+
+    def test_orthogonality_and_memory_tables(self):
+        orth = self.table_rows("lep_orthogonality.md")
+        cos = [0.01, -0.02, 0.03]
+        self.assertEqual(orth["cb"]["mean abs(cos)"], f"{statistics.mean(abs(x) for x in cos):.4f}")
+        self.assertEqual(orth["cb"]["mean cos"], f"{statistics.mean(cos):+.4f}")
+        self.assertEqual(orth["cb"]["rows"], str(3 * STEPS * 2))
+        mem = self.table_rows("memory.md")
+        # the largest value of each component over the ranks
+        self.assertEqual((mem["cb"]["lep_buffers MiB"], mem["cb"]["tracked peak MiB"], mem["baseline"]["activations_peak MiB"]),
+                         (f"{65536 / 2**20:.3f}", f"{(7000001 + 65536) / 2**20:.3f}", f"{3000001 / 2**20:.3f}"))
+
+    def test_fig14_table(self):
+        with open(os.path.join(self.paper, "bench", "compression-fig14.md")) as f:
+            md = f.read()
+        self.assertIn("| compressor | shape | r=8 | r=16 |", md)
+        self.assertIn("| lowrank encode | 1024x1920 | 2.50 | 1.20 |", md)  # medians of the repetitions
+        self.assertIn("| powersgd reduce | 1024x1920 |  | 0.70 |", md)
+        self.assertIn("at its defaults: int8 encode 1024x1920: 5.00 GB/s", md)
+
+    def test_ablation_labels(self):
+        with open(os.path.join(self.paper, "ablation", "table.md")) as f:
+            md = f.read()
+        rows = [l.split(" | ")[0].lstrip("| ") for l in md.splitlines() if l.startswith("| rank=")]
+        self.assertEqual(rows, ["rank=4", "rank=16"])  # numeric order; the unreadable file adds no key
+        self.assertIn("- reference: rank=4 (the first configuration); configurations differ in: compression.pipeline_backward.rank", md)
+
+    def test_compact_keeps_every_value(self):
+        import shutil
+        sys.path.insert(0, os.path.join(SOURCE, "scripts"))
+        import optcc_results as R
+        src = os.path.join(self.results, "exp", "cb-seed1.h5")
+        dst = os.path.join(self.tmp.name, "compact", "cb-seed1.h5")
+        os.makedirs(os.path.dirname(dst))
+        shutil.copy(src, dst)
+        r = script("compact_results.py", dst)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertLess(os.path.getsize(dst), os.path.getsize(src))
+        a, b = R.Run.from_paths([src]), R.Run.from_paths([dst])
+        self.assertEqual(a.attrs, b.attrs)
+        for t in TABLES:
+            ta, tb = a.table(t), b.table(t)
+            self.assertEqual(sorted(ta), sorted(tb))
+            for c in ta:
+                self.assertEqual(ta[c].dtype, tb[c].dtype)
+                self.assertEqual(ta[c].tolist(), tb[c].tolist(), f"{t}/{c}")
+        with h5py.File(dst, "r") as f:
+            self.assertEqual((f["train"].attrs["columns"], f["train/loss"].compression), (",".join(TABLES["train"]), "gzip"))
+
+    def test_experiment_filter(self):
+        other = os.path.join(self.tmp.name, "only")
+        r = script("make_figures.py", "--results", self.results, "--out", other, "--experiment", "nope")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("make_figures: nope: no results under", r.stdout)
+        self.assertFalse(os.path.exists(other) and os.listdir(other))
+
+
+class ReferenceResultsTest(unittest.TestCase):
+    """make_figures.py on the committed reference results: every run complete, every figure drawn."""
+
+    def test_reference(self):
+        ref = os.path.join(SOURCE, "results", "reference")
+        if not os.path.isdir(ref):
+            self.skipTest("no results/reference in this checkout")
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "paper")
+            r = script("make_figures.py", "--results", ref, "--out", out, "--experiment", "table2")
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            for f in ("table.md", "curves.png", "pareto.pdf", "memory.png"):
+                self.assertTrue(os.path.exists(os.path.join(out, "table2", f)), f)
+
+    def test_reference_index(self):
+        """The trainer's own files: a killed run is partial, a killed-and-resumed one complete and merged."""
+        ref = os.path.join(SOURCE, "results", "reference")
+        if not os.path.isdir(ref):
+            self.skipTest("no results/reference in this checkout")
+        sys.path.insert(0, os.path.join(SOURCE, "scripts"))
+        import optcc_results as R
+        import results_index
+        rows = {(r["experiment"], r["run"]): r for r in results_index.build_index(ref)}
+        t2 = {run: r for (exp, run), r in rows.items() if exp == "table2"}
+        self.assertEqual(sorted(t2), sorted([f"{s}-seed{n}" for s in ("baseline", "cb", "cb_fe", "cb_fe_sc", "cb_nonlep")
+                                             for n in (1, 2)] + ["baseline-seed3"]))
+        killed = t2.pop("baseline-seed3")
+        self.assertEqual(killed["status"], "partial")
+        self.assertTrue(80 <= killed["last_step"] < 150 and killed["last_step"] % 10 == 0, killed["last_step"])
+        self.assertEqual({r["status"] for r in t2.values()}, {"complete"})
+        self.assertEqual(t2["cb-seed2"]["files"], "table2/cb-seed2.h5;table2/cb-seed2.resumed-50.h5")
+        run = R.Run("table2", "cb-seed2", [os.path.join(ref, "table2", f) for f in
+                                          ("cb-seed2.resumed-50.h5", "cb-seed2.h5")])
+        self.assertEqual([f.first_step for f in run.files], [0, 50])  # ordered by start, not by argument
+        self.assertEqual(run.table("train")["step"].tolist(), list(range(1, 151)))
+        self.assertEqual(run.table("eval")["step"].tolist(), list(range(0, 151, 25)))
+        with h5py.File(os.path.join(ref, "table2", "cb-seed2.h5"), "r") as f:
+            self.assertGreater(int(f["train/step"][-1]), 50)  # the killed file went past the checkpoint
+        self.assertEqual(rows[("fig11", "seed1")]["status"], "complete")
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)
