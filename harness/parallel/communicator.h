@@ -153,6 +153,9 @@ class Communicator {
   CommHandle recv(torch::Tensor& t, int peer, Traffic cls, int tag = 0);
 
   TrafficMeter* meter() const { return meter_; }
+  /// The c10d process group underneath; null for a one-rank group. Shared ownership: holding a
+  /// copy keeps the group's sockets open after this Communicator is gone (tests/support/gloo_ranks.h).
+  const ProcessGroupPtr& process_group() const { return pg_; }
 
   /// Link emulation and skipping for this group (link_emulator.h); null (the default) = off.
   /// Set on every rank of the group alike, before the first operation; must outlive the group.
