@@ -95,7 +95,12 @@ def main():
         "here, spec §11); the simulator agrees in direction: with one 200 Gb/s HCA per 8 GPUs the DP and "
         "embedding all-reduces after the pipeline are the inter-node time that FE and SC remove. On the "
         "H100 profile every GPU has its own 400 Gb/s NIC (16x the inter-node bandwidth per GPU) while "
-        "compute is 3.2x faster, so the inter-node share and with it the gain from compression shrink.",
+        "compute is 3.2x faster, so the inter-node share and with it the gain from compression shrink. "
+        "CB alone moves little here: epilogue-only CB compresses only the gradients sent in the "
+        "cool-down flush, and the PP messages are a small part of the critical path; nearly all of "
+        "the gain is SC's (PowerSGD on the DP all-reduce of stages 0-2). Shares are of the critical "
+        "rank's iteration, and the critical rank can change between schemes (175B: stages 3-15 keep "
+        "raw DP all-reduces under SC).",
         "",
     ]
     with open(args.output, "w") as f:
