@@ -469,6 +469,10 @@ std::vector<SchemeSimulation> simulate_schemes(const Config& cfg, const Hardware
     if (name != "config") apply_compression_scheme(v.compression, name);
     SimInputs in = make_sim_inputs(v, hw, o);
     SchemeSimulation s{name, replay(in), std::move(in.traffic)};
+    if (cfg.network.emulate || !cfg.network.skip.empty() || cfg.network.scale != 1.0) {
+      s.result.notes.push_back(fmt::format("the config's network section (emulate, scale, skip) is not used: links "
+                                           "come from profile {}", hw.name));
+    }
     if (cfg.parallel.ranks_per_node > 0 && cfg.parallel.ranks_per_node != hw.devices_per_node) {
       s.result.notes.push_back(fmt::format("nodes of {} ranks (the profile's devices_per_node), not the config's "
                                            "parallel.ranks_per_node = {}", hw.devices_per_node,

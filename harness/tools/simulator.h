@@ -64,7 +64,8 @@ struct SimInputs {
 };
 
 /// The iteration of `cfg` on `hw`: the layout's nodes are hw.devices_per_node ranks (the config's
-/// parallel.ranks_per_node is replaced; a note says so when they differ). Throws ConfigError for
+/// parallel.ranks_per_node is replaced; a note says so when they differ) and the links are the
+/// profile's (the config's network section is not used; simulate_schemes notes it when set). Throws ConfigError for
 /// what the traffic model cannot model.
 SimInputs make_sim_inputs(const Config& cfg, const HardwareProfile& hw, const SimOptions& o = {});
 
