@@ -8,7 +8,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # Debian's python3 has h5py; a pyenv/conda python3 earlier on PATH may not.
 PYTHON  ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 
-.PHONY: all deps configure build data demo demo-1rank test test-fast bench figures clean
+.PHONY: all deps configure build data demo demo-1rank test test-fast bench figures projections clean
 
 all: build
 
@@ -52,6 +52,10 @@ bench: build
 figures:
 	$(PYTHON) scripts/results_index.py --results results
 	$(PYTHON) scripts/make_figures.py --results results --out paper
+
+# The scale simulator's projection table (paper/projected-speedups.md): predictions, runs nothing.
+projections: build
+	$(PYTHON) scripts/projections.py --optcc $(OPTCC) --output paper/projected-speedups.md
 
 clean:
 	rm -rf $(BUILD)

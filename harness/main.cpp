@@ -16,6 +16,8 @@
 //   optcc sweep experiments/table2.yaml --scale cpu|paper [--json | --index I | --check]
 //   optcc eval --checkpoint DIR [--split valid|test] [--layout tp,pp,dp] [--nproc N] [--set ...]
 //              [--documents N] [--output FILE.h5]   (harness/tools/eval_checkpoint.h)
+//   optcc simulate --config X [--profile NAME|FILE] [--schemes a,b] [--json] [--match-regime PAPER_CONFIG]
+//   optcc calibrate --config X [-o experiments/profiles/this-machine.yaml]
 #include <CLI/CLI.hpp>
 #include <spawn.h>
 #include <spdlog/spdlog.h>
@@ -33,6 +35,8 @@
 #include "harness/parallel/distributed.h"
 #include "harness/parallel/threads.h"
 #include "harness/tools/sweep.h"
+#include "harness/tools/calibrate.h"
+#include "harness/tools/simulate_report.h"
 #include "harness/tools/trace.h"
 #include "harness/tools/traffic_report.h"
 #include "harness/train/network_setup.h"
@@ -126,6 +130,10 @@ struct Cli {
   int64_t sweep_index = -1;
   CLI::App* eval = nullptr;
   EvalOptions eval_opts;
+  CLI::App* simulate = nullptr;
+  SimulateCommandOptions simulate_opts;
+  CLI::App* calibrate = nullptr;
+  CalibrateOptions calibrate_opts;
 
   void add_config(CLI::App* sub) {
     sub->add_option("--config,-c", config_path, "experiment YAML (experiments/*.yaml)")->required();
@@ -255,6 +263,41 @@ int eval_command(const Cli& c, int argc, char** argv) {
   return 0;
 }
 
+// optcc simulate and optcc calibrate (harness/tools/simulator.h, calibrate.h).
+void add_simulate_commands(CLI::App& app, Cli& c) {
+  c.simulate = app.add_subcommand("simulate", "predict one iteration's time per scheme (discrete-event replay; runs nothing)");
+  c.add_config(c.simulate);
+  auto& o = c.simulate_opts;
+  c.simulate->add_option("--profile", o.profile, "hardware profile: NAME (experiments/profiles/NAME.yaml) or FILE");
+  c.simulate->add_option("--schemes", o.schemes, "comma-separated schemes (and 'config': the config as given)");
+  c.simulate->add_flag("--json", o.json, "machine-readable output (seconds)");
+  c.simulate->add_flag("--recompute", o.sim.recompute, "full activation recomputation, as the paper's runs");
+  c.simulate->add_option("--element-bytes", o.sim.element_bytes, "bytes per activation/gradient element")
+      ->transform(decimal_integer());
+  c.simulate->add_flag("--reference-powersgd", o.sim.reference_powersgd, "DP PowerSGD compresses every >=2-D gradient");
+  c.simulate->add_option("--match-regime", o.match_regime,
+                         "PAPER_CONFIG: print the link scale that puts --config into its inter-node share on --profile");
+  c.simulate->add_option("--machine-profile", o.machine_profile, "with --match-regime: the profile --config computes at");
+  c.calibrate = app.add_subcommand("calibrate", "measure this machine for the simulator; writes a profile");
+  c.add_config(c.calibrate);
+  c.calibrate->add_option("-o,--output", c.calibrate_opts.output, "profile file to write");
+  c.calibrate->add_option("--concurrent", c.calibrate_opts.concurrent,
+                          "processes timing at once (default: the config's world, as an emulated run)")
+      ->transform(decimal_integer());
+  c.calibrate->add_option("--reps", c.calibrate_opts.reps, "timed repetitions (median)")->transform(decimal_integer());
+}
+
+// The vocabulary, for the analytic commands (traffic, simulate).
+void resolve_vocab_for_model(Config& cfg, const char* what) {
+  if (cfg.model.vocab_size != 0) return;
+  try {
+    resolve_vocab(cfg);
+  } catch (const ConfigError& e) {
+    throw ConfigError(fmt::format("{}\nThe {} needs the vocabulary: pass --set model.vocab_size=N "
+                                  "(e.g. 50257 for GPT-2), or prepare the dataset first.", e.what(), what));
+  }
+}
+
 // optcc traffic: analytic, no process group, no data.
 int traffic_command(const Cli& c, Config cfg) {
   if (c.traffic_world > 0) {
@@ -265,14 +308,7 @@ int traffic_command(const Cli& c, Config cfg) {
     }
     cfg.parallel.dp = c.traffic_world / tp_pp;
   }
-  if (cfg.model.vocab_size == 0) {
-    try {
-      resolve_vocab(cfg);
-    } catch (const ConfigError& e) {
-      throw ConfigError(fmt::format("{}\nThe traffic model needs the vocabulary: pass --set model.vocab_size=N "
-                                    "(e.g. 50257 for GPT-2), or prepare the dataset first.", e.what()));
-    }
-  }
+  resolve_vocab_for_model(cfg, "traffic model");
   cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
   const TrafficEstimate estimate = estimate_traffic(cfg, c.traffic_opts);
   const PaperTrafficRows rows = paper_traffic_rows(cfg, c.traffic_opts);
@@ -326,6 +362,15 @@ int config_show_command(Config cfg) {
 // is the local launcher: it forks the ranks, which run the same command line.
 int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
   if (c.traffic->parsed()) return traffic_command(c, cfg);
+  if (c.simulate->parsed()) {
+    resolve_vocab_for_model(cfg, "simulator");
+    cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
+    return run_simulate_command(cfg, c.simulate_opts);
+  }
+  if (c.calibrate->parsed()) {
+    resolve_vocab_for_model(cfg, "calibration");
+    return run_calibrate_command(cfg, c.calibrate_opts);
+  }
   const bool is_launcher = c.nproc > 1 && std::getenv("OPTCC_RANK") == nullptr;
   if (is_launcher) {
     cfg.validate_layout(c.nproc);
@@ -359,6 +404,7 @@ int main(int argc, char** argv) {
   add_trace_command(app, cli);
   add_sweep_command(app, cli);
   add_eval_command(app, cli);
+  add_simulate_commands(app, cli);
 
   CLI11_PARSE(app, argc, argv);
 

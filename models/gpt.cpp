@@ -1,4 +1,5 @@
 #include "models/gpt.h"
+#include "models/flops.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -160,8 +161,10 @@ bool is_tp_replicated_parameter(const std::string& name) {
 }
 
 double gpt_train_flops(const GptOptions& o, int64_t sequences) {
-  const double L = o.num_layers, h = o.hidden_size, s = o.seq_len, V = o.vocab_size;
-  return 3.0 * sequences * s * (24.0 * L * h * h + 4.0 * L * s * h + 2.0 * h * V);
+  // models/flops.h: forward + backward = 3 × forward, per sequence (b = 1).
+  const double forward = double(o.num_layers) * layer_forward_flops(o.hidden_size, o.seq_len, 1) +
+                         logits_forward_flops(o.hidden_size, o.seq_len, 1, o.vocab_size);
+  return double(sequences) * (forward + backward_flops(forward));
 }
 
 int64_t count_parameters(GptModel& model) {

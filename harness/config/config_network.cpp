@@ -11,7 +11,9 @@ namespace optcc {
 namespace {
 
 // One preset of the four link keys. Sources are given per value, so an experiment can say what it
-// assumes and a reader can check it.
+// assumes and a reader can check it. This table is the one source of these link numbers: the
+// simulator's hardware profiles name an entry (experiments/profiles/paper-a100-ib200.yaml:
+// `emulator_profile: paper-a100-ib200`, harness/tools/hardware_profile.h) instead of restating it.
 struct NetworkProfile {
   const char* name;
   double intra_node_gbps, inter_node_gbps, intra_node_latency_us, inter_node_latency_us;

@@ -1,6 +1,7 @@
 // Link emulation cost model and NIC reservations (see link_emulator.h).
 #include "harness/parallel/link_emulator.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <stdexcept>
@@ -22,8 +23,8 @@ LinkEmulator::LinkEmulator(LinkParams params, RankLayout layout, std::shared_ptr
   g_emulators_created.fetch_add(1);
   if (params_.emulate) {
     if (!nics_) throw std::invalid_argument("LinkEmulator: emulation needs a NIC table");
-    if (nics_->num_nodes() < layout_.num_nodes()) {
-      throw std::invalid_argument("LinkEmulator: the NIC table has fewer nodes than the layout");
+    if (params_.nics_per_node < 1 || nics_->num_nodes() < layout_.num_nodes() * params_.nics_per_node) {
+      throw std::invalid_argument("LinkEmulator: the NIC table has fewer entries than nodes x NICs per node");
     }
     if (!(params_.intra_bytes_per_s > 0 && params_.inter_bytes_per_s > 0 && params_.scale > 0)) {
       throw std::invalid_argument("LinkEmulator: bandwidths and scale must be > 0");
@@ -72,8 +73,8 @@ int64_t LinkEmulator::ns(double seconds) const { return static_cast<int64_t>(std
 int64_t LinkEmulator::p2p_send_start(int from, int to, int64_t bytes, int64_t post_ns) {
   if (link_between(from, to) == Link::kIntraNode) return post_ns;
   const int64_t d = ns(transfer_seconds(bytes, Link::kInterNode));
-  const int64_t leaves = nics_->reserve(layout_.node_of(from), NicDirection::kTransmit, post_ns, d);
-  return nics_->reserve(layout_.node_of(to), NicDirection::kReceive, leaves, d);
+  const int64_t leaves = nics_->reserve(nic_of(from), NicDirection::kTransmit, post_ns, d);
+  return nics_->reserve(nic_of(to), NicDirection::kReceive, leaves, d);
 }
 
 int64_t LinkEmulator::p2p_end(int from, int to, int64_t bytes, int64_t send_start_ns) const {
@@ -87,15 +88,22 @@ int64_t LinkEmulator::collective_nic_start(int me, const std::vector<int>& group
   while (i < n && group[i] != me) ++i;
   if (n < 2 || i == n) return start_ns;
   const int64_t d = ns(transfer_seconds(send_bytes, Link::kInterNode));
-  const int node = layout_.node_of(me);
+  const int node = layout_.node_of(me), nic = nic_of(me);
   int64_t start = start_ns;
   if (layout_.node_of(group[(i + 1) % n]) != node) {
-    start = std::max(start, nics_->reserve(node, NicDirection::kTransmit, start_ns, d));
+    start = std::max(start, nics_->reserve(nic, NicDirection::kTransmit, start_ns, d));
   }
   if (layout_.node_of(group[(i + n - 1) % n]) != node) {
-    start = std::max(start, nics_->reserve(node, NicDirection::kReceive, start_ns, d));
+    start = std::max(start, nics_->reserve(nic, NicDirection::kReceive, start_ns, d));
   }
   return start;
+}
+
+int LinkEmulator::nic_of(int rank) const {
+  const int k = params_.nics_per_node, rpn = layout_.ranks_per_node();
+  if (k <= 1) return layout_.node_of(rank);
+  const int local = rank % rpn;
+  return layout_.node_of(rank) * k + std::min(k - 1, local * k / rpn);
 }
 
 double LinkEmulator::wait_until(int64_t end_ns) {

@@ -66,6 +66,10 @@ struct LinkParams {
   double intra_latency_s = 0;    // per message / ring step
   double inter_latency_s = 0;
   double scale = 1.0;            // multiplies every emulated time
+  /// NICs per node (the runtime: 1, the paper's nodes). With k > 1 (the simulator's multi-HCA
+  /// nodes, harness/tools/simulator.h) a rank uses NIC node·k + local_rank·k / ranks_per_node
+  /// (rail-style: consecutive ranks share one), and `inter` is the bandwidth of ONE such NIC.
+  int nics_per_node = 1;
   std::array<bool, kNumTraffic> skip{};  // per Traffic class
 };
 
@@ -74,7 +78,7 @@ enum class CollectiveKind { kAllReduce, kAllGather, kReduceScatter, kBroadcast }
 class LinkEmulator {
  public:
   /// `nics` is required when params.emulate (std::invalid_argument otherwise) and must have at
-  /// least layout.num_nodes() nodes. One emulator per rank, shared by all its Communicators.
+  /// least layout.num_nodes() · params.nics_per_node entries ("nodes" of the table). One emulator per rank, shared by all its Communicators.
   LinkEmulator(LinkParams params, RankLayout layout, std::shared_ptr<NicTable> nics);
 
   /// LinkEmulators constructed in this process so far (tests: emulation off constructs none).
@@ -105,6 +109,9 @@ class LinkEmulator {
   /// node's NIC from `start_ns` when a ring neighbour is on another node; returns the reservation
   /// start (start_ns when none is needed).
   int64_t collective_nic_start(int me, const std::vector<int>& group, int64_t send_bytes, int64_t start_ns);
+
+  /// The NIC table entry of `rank`'s NIC (node_of(rank) when nics_per_node is 1).
+  int nic_of(int rank) const;
 
   /// Sleeps until `end_ns`; returns the seconds slept (0 when it has passed).
   static double wait_until(int64_t end_ns);

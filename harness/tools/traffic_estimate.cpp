@@ -32,28 +32,46 @@ int64_t product(const std::vector<int64_t>& shape) {
 
 std::string spec_text(const CompressorSpec& spec) { return to_yaml_value(spec); }
 
-// The DP (or embedding) reducer `spec` over gradients of `shapes` on a group of `n` ranks: bytes this
-// rank sends. `modelled` false (with a note) for reducers the model does not know.
-struct ReducerBytes {
-  bool modelled = true;
-  int64_t bytes = 0;
-  std::string note;
-};
-
-ReducerBytes none_reducer_bytes(const std::vector<std::vector<int64_t>>& shapes, int64_t n, int64_t beta) {
-  int64_t numel = 0;
-  for (const auto& s : shapes) numel += product(s);
-  return {true, all_reduce_bytes(n, numel * beta), ""};  // NoneReducer: one flat all-reduce
+CommStep collective(CollectiveKind kind, int64_t bytes, std::string what) {
+  CommStep c;
+  c.kind = kind;
+  c.bytes = bytes;
+  c.what = std::move(what);
+  return c;
 }
 
-ReducerBytes powersgd_bytes(const CompressorSpec& spec, const std::vector<std::vector<int64_t>>& shapes, int64_t n,
-                            const TrafficModelOptions& o) {
+CommStep arithmetic(std::string codec, double flops, double memory_bytes, std::string what) {
+  CommStep c;
+  c.compute = true;
+  c.flops = flops;
+  c.memory_bytes = memory_bytes;
+  c.codec = std::move(codec);
+  c.what = std::move(what);
+  return c;
+}
+
+int64_t total_numel(const std::vector<std::vector<int64_t>>& shapes) {
+  int64_t numel = 0;
+  for (const auto& s : shapes) numel += product(s);
+  return numel;
+}
+
+ReducerPlan none_reducer_plan(const std::vector<std::vector<int64_t>>& shapes, int64_t beta) {
+  // NoneReducer: one flat all-reduce in the gradient dtype.
+  return {true, {collective(CollectiveKind::kAllReduce, total_numel(shapes) * beta, "gradient all-reduce")}, ""};
+}
+
+// powersgd.h steps 2-8 (the reducer's plan): matrices [shape[0], numel/shape[0]] with
+// r = min(rank, rows, cols) and rows·cols / ((rows+cols)·r) >= min_compression_rate go low-rank.
+// Arithmetic per matrix: P = MQ 2·rows·cols·r, Q = MᵀP̂ 2·rows·cols·r, P̂Qᵀ 2·rows·cols·r,
+// orthogonalisation (MGS) 2·rows·r²; element-wise: M = grad + EF and the EF update, fp32.
+ReducerPlan powersgd_plan(const CompressorSpec& spec, const std::vector<std::vector<int64_t>>& shapes,
+                          const TrafficModelOptions& o) {
   PowerSgdOptions opt = PowerSgdOptions::from_yaml(spec.options);
-  if (o.step < opt.warmup_steps) return none_reducer_bytes(shapes, n, o.element_bytes);
+  if (o.step < opt.warmup_steps) return none_reducer_plan(shapes, o.element_bytes);
   if (o.reference_powersgd) opt.min_compression_rate = 0.0;
-  // powersgd.h step 2 (the reducer's plan): matrices [shape[0], numel/shape[0]] with
-  // r = min(rank, rows, cols) and rows·cols / ((rows+cols)·r) >= min_compression_rate go low-rank.
   int64_t p_numel = 0, q_numel = 0, raw_numel = 0;
+  double gemm = 0, orth = 0, low_numel = 0;
   for (const auto& s : shapes) {
     const int64_t numel = product(s);
     const int64_t rows = s.size() >= 2 ? s[0] : 0;
@@ -63,57 +81,53 @@ ReducerBytes powersgd_bytes(const CompressorSpec& spec, const std::vector<std::v
                                     opt.min_compression_rate;
     if (worth) {
       p_numel += rows * r, q_numel += cols * r;
+      gemm += 2.0 * double(rows) * double(cols) * double(r);
+      orth += 2.0 * double(rows) * double(r) * double(r);
+      low_numel += double(numel);
     } else {
       raw_numel += numel;
     }
   }
+  const double ef = opt.error_feedback ? 3.0 * 4.0 * low_numel : 0.0;  // read grad and EF, write M
   // Steps 5-7: P (sum), raw fp32 (sum), Q (sum): three all-reduces, all fp32.
-  return {true, all_reduce_bytes(n, 4 * p_numel) + all_reduce_bytes(n, 4 * raw_numel) + all_reduce_bytes(n, 4 * q_numel),
+  return {true,
+          {arithmetic("powersgd", gemm, ef + 4.0 * low_numel, "M = grad + EF, P = MQ"),
+           collective(CollectiveKind::kAllReduce, 4 * p_numel, "P all-reduce"),
+           collective(CollectiveKind::kAllReduce, 4 * raw_numel, "raw all-reduce"),
+           arithmetic("powersgd", orth + gemm, 4.0 * low_numel, "orthogonalise P, Q = MᵀP"),
+           collective(CollectiveKind::kAllReduce, 4 * q_numel, "Q all-reduce"),
+           arithmetic("powersgd", gemm, ef + 4.0 * low_numel, "out = PQᵀ, EF update")},
           ""};
 }
 
 // elementwise_reducer.h: tensor i (N elements) raw when N < min_numel or compressed_bytes(N) >= 4N;
 // compressed messages of all tensors in ONE collective (randomk: all-reduce; topk, qsgd, signsgd:
 // all-gather), raw tensors in one fp32 all-reduce. The per-tensor byte formula is the reducer's own.
-ReducerBytes elementwise_bytes(const Registry<GradReducer>& registry, const CompressorSpec& spec,
-                               const std::vector<std::vector<int64_t>>& shapes, int64_t n) {
+// Arithmetic: element-wise passes (read the gradient, write the message), no FLOPs counted.
+ReducerPlan elementwise_plan(const Registry<GradReducer>& registry, const CompressorSpec& spec,
+                             const std::vector<std::vector<int64_t>>& shapes) {
   auto reducer = registry.create(spec.name, spec.options);
   const auto* ew = dynamic_cast<const ElementwiseReducer*>(reducer.get());
-  if (!ew) return {false, 0, fmt::format("DP reducer '{}' is not an element-wise reducer", spec.name)};
+  if (!ew) return {false, {}, fmt::format("DP reducer '{}' is not an element-wise reducer", spec.name)};
   const int64_t min_numel = option_value<int64_t>(spec.options, spec.name, "min_numel", 0);
-  int64_t compressed = 0, raw = 0;
+  int64_t compressed = 0, raw = 0, packed = 0;
   for (const auto& s : shapes) {
     const int64_t numel = product(s);
     const int64_t c = ew->compressed_bytes(numel);
     if (numel < min_numel || c >= 4 * numel) {
       raw += numel;
     } else {
-      compressed += c;
+      compressed += c, packed += numel;
     }
   }
-  const int64_t message = spec.name == "randomk" ? all_reduce_bytes(n, compressed) : all_gather_bytes(n, compressed);
-  return {true, message + all_reduce_bytes(n, 4 * raw), ""};
-}
-
-ReducerBytes reducer_bytes(const CompressorSpec& spec, const std::vector<std::vector<int64_t>>& shapes, int64_t n,
-                           const TrafficModelOptions& o) {
-  const std::string& name = spec.name;
-  if (name == "none") return none_reducer_bytes(shapes, n, o.element_bytes);
-  int64_t numel = 0;
-  for (const auto& s : shapes) numel += product(s);
-  if (name == "fp16") return {true, all_reduce_bytes(n, 2 * numel), ""};
-  if (name == "bf16") {  // cast_reducer.h: Gloo (CPU) all-gathers the bf16 bits
-    return {true, o.gloo ? all_gather_bytes(n, 2 * numel) : all_reduce_bytes(n, 2 * numel), ""};
-  }
-  if (name == "powersgd") return powersgd_bytes(spec, shapes, n, o);
-  Registry<GradReducer> registry;
-  register_builtin_grad_reducers(registry);
-  if (registry.contains(name) && (name == "topk" || name == "randomk" || name == "qsgd" || name == "signsgd")) {
-    return elementwise_bytes(registry, spec, shapes, n);
-  }
-  return {false, 0,
-          fmt::format("reducer '{}' is not modelled{}", name,
-                      registry.contains(name) ? "" : " (not registered in this build)")};
+  const bool reduce = spec.name == "randomk";
+  const auto kind = reduce ? CollectiveKind::kAllReduce : CollectiveKind::kAllGather;
+  return {true,
+          {arithmetic(spec.name, 0.0, 8.0 * double(packed), "encode"),
+           collective(kind, compressed, reduce ? "compressed all-reduce" : "compressed all-gather"),
+           collective(CollectiveKind::kAllReduce, 4 * raw, "raw all-reduce"),
+           arithmetic(spec.name, 0.0, 8.0 * double(packed), "decode")},
+          ""};
 }
 
 // nullptr for `none`, else the codec the runtime would build (pipeline_codec_options fills sizes).
@@ -146,6 +160,8 @@ void set_spec(CompressorSpec& dst, const CompressorSpec& src) {
   dst.options.reset(src.options ? YAML::Clone(src.options) : YAML::Node());  // rebind, never write through
 }
 
+}  // namespace
+
 Config detached_copy(const Config& c) {
   Config out = c;
   auto& o = out.compression;
@@ -158,6 +174,8 @@ Config detached_copy(const Config& c) {
   return out;
 }
 
+namespace {
+
 int resolve_ranks_per_node(const Config& cfg, const TrafficModelOptions& o) {
   if (o.ranks_per_node > 0) return static_cast<int>(o.ranks_per_node);
   if (cfg.parallel.ranks_per_node > 0) return static_cast<int>(cfg.parallel.ranks_per_node);
@@ -165,6 +183,35 @@ int resolve_ranks_per_node(const Config& cfg, const TrafficModelOptions& o) {
 }
 
 }  // namespace
+
+int64_t sent_bytes(const std::vector<CommStep>& steps, int64_t n) {
+  int64_t sum = 0;
+  for (const auto& st : steps) {
+    if (!st.compute && n > 1) sum += LinkEmulator::ring_send_bytes(st.kind, st.bytes, static_cast<int>(n));
+  }
+  return sum;
+}
+
+ReducerPlan reducer_plan(const CompressorSpec& spec, const std::vector<std::vector<int64_t>>& shapes, int64_t n,
+                         const TrafficModelOptions& o) {
+  (void)n;  // the operations do not depend on the group size; the bytes one rank sends do (sent_bytes)
+  const std::string& name = spec.name;
+  if (name == "none") return none_reducer_plan(shapes, o.element_bytes);
+  const int64_t numel = total_numel(shapes);
+  if (name == "fp16" || name == "bf16") {  // cast_reducer.h: Gloo (CPU) all-gathers the bf16 bits
+    const auto kind = name == "bf16" && o.gloo ? CollectiveKind::kAllGather : CollectiveKind::kAllReduce;
+    return {true, {arithmetic(name, 0.0, 6.0 * double(numel), "cast"), collective(kind, 2 * numel, name + " gradients")}, ""};
+  }
+  if (name == "powersgd") return powersgd_plan(spec, shapes, o);
+  Registry<GradReducer> registry;
+  register_builtin_grad_reducers(registry);
+  if (registry.contains(name) && (name == "topk" || name == "randomk" || name == "qsgd" || name == "signsgd")) {
+    return elementwise_plan(registry, spec, shapes);
+  }
+  return {false, {},
+          fmt::format("reducer '{}' is not modelled{}", name,
+                      registry.contains(name) ? "" : " (not registered in this build)")};
+}
 
 int64_t ParamShape::numel() const { return product(shape); }
 
@@ -269,7 +316,25 @@ struct StageInputs {
   int64_t way = 0;  // SC: stages 0..way-1 compress DP gradients
   int64_t tp_beta = 4, ce_beta = 4;  // TP all-reduce bytes per element; cross-entropy's
   int64_t vp = 0, emb_elements = 0;  // padded vocabulary; E = Vp/t·h
+  std::vector<CommStep> cb_encode, cb_decode;  // one compressed gradient's arithmetic
 };
+
+// The arithmetic of one compressed pipeline message of `slice` elements (ActCodec encode on the
+// sender, decode on the receiver). lowrank (codecs.h), matrix [rows, cols], rank r: encode P = MQ
+// and Q = MᵀP̂ 4·rows·cols·r plus orthogonalisation 2·rows·r², and with LEP the error x − P̂Qᵀ
+// another 2·rows·cols·r; decode P̂Qᵀ 2·rows·cols·r. Every codec: one fp32 pass over the message to
+// read it and one to write it (element-wise codecs: nothing else).
+void codec_arithmetic(StageInputs& in, const ActCodec& codec, const CompressorSpec& spec, int64_t slice, bool lep) {
+  double encode = 0, decode = 0;
+  if (spec.name == "lowrank") {
+    const auto shapes = codec.wire_shapes(slice);  // P̂ [rows, r], Q [cols, r]
+    const double rows = double(shapes.at(0).at(0)), r = double(shapes.at(0).at(1)), cols = double(shapes.at(1).at(0));
+    encode = 4.0 * rows * cols * r + 2.0 * rows * r * r + (lep ? 2.0 * rows * cols * r : 0.0);
+    decode = 2.0 * rows * cols * r;
+  }
+  in.cb_encode = {arithmetic(spec.name, encode, 8.0 * double(slice), "encode")};
+  in.cb_decode = {arithmetic(spec.name, decode, 8.0 * double(slice), "decode")};
+}
 
 // Pipeline codecs, built as the runtime builds them, the schedule (for the epilogue decision), SC.
 StageInputs stage_inputs(const Config& cfg, TrafficEstimate& e, const TrafficModelOptions& o) {
@@ -283,6 +348,7 @@ StageInputs stage_inputs(const Config& cfg, TrafficEstimate& e, const TrafficMod
   in.bwd_bytes_compressed =
       bwd ? codec_bytes(*bwd, slice, "compression.pipeline_backward", k.pipeline_backward) : slice * in.beta;
   in.bwd_codec = bwd != nullptr;
+  if (bwd) codec_arithmetic(in, *bwd, k.pipeline_backward, slice, k.lep != "off");
   try {
     in.schedule = make_schedule(cfg.parallel.schedule);
   } catch (const std::exception& ex) {
@@ -307,6 +373,10 @@ void stage_pp_bytes(StageTrafficEstimate& g, const Config& cfg, const TrafficEst
   const auto& k = cfg.compression;
   const int64_t t = e.dims.tp, p = e.dims.pp, m = e.micro_batches, slice = e.slice_elements, beta = in.beta;
   const bool first = st == 0, last = st == p - 1;
+  g.pp_fwd_message = last ? 0 : in.fwd_bytes;
+  g.pp_gather_bytes = e.scatter_gather ? slice * beta : 0;
+  g.cb_encode = in.cb_encode;
+  g.cb_decode = in.cb_decode;
   if (!last) g.pp_fwd_send = m * in.fwd_bytes;
   if (!first && e.scatter_gather) g.pp_fwd_gather = m * all_gather_bytes(t, slice * beta);
   if (!first) {
@@ -318,6 +388,8 @@ void stage_pp_bytes(StageTrafficEstimate& g, const Config& cfg, const TrafficEst
       g.backward_sends += 1;
       g.backward_compressed += compressed;
       g.pp_bwd_send += compressed ? in.bwd_bytes_compressed : slice * beta;
+      g.pp_bwd_messages.push_back(compressed ? in.bwd_bytes_compressed : slice * beta);
+      g.pp_bwd_compressed.push_back(compressed);
     }
   }
   if (!last && e.scatter_gather) g.pp_bwd_gather = m * all_gather_bytes(t, slice * beta);
@@ -337,9 +409,10 @@ bool stage_dp_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEstimate&
   const CompressorSpec none_spec;
   const CompressorSpec& dp_spec = g.compresses_dp ? k.dp : none_spec;
   g.dp_reducer = spec_text(dp_spec);
-  const ReducerBytes dpb = reducer_bytes(dp_spec, dp_shapes, d, o);
+  ReducerPlan dpb = reducer_plan(dp_spec, dp_shapes, d, o);
   if (!dpb.modelled) e.notes.push_back(fmt::format("dp on stage {}: {}", st, dpb.note));
-  g.dp = dpb.bytes;
+  g.dp = sent_bytes(dpb.steps, d);
+  g.dp_steps = std::move(dpb.steps);
   if (!k.fused_embedding && g.holds_word_embedding && dp_spec.name == "none") {
     g.dp_word_embedding_share = all_reduce_bytes(d, in.emb_elements * in.beta);
   }
@@ -354,13 +427,16 @@ bool stage_embedding_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEs
   if (!g.holds_word_embedding) return true;
   const int64_t p = e.dims.pp, d = e.dims.dp;
   const int64_t n = k.fused_embedding ? (p > 1 ? 2 * d : d) : (p > 1 ? 2 : 1);
+  g.embedding_group = n;
   if (k.embedding.name == "none") {
-    g.embedding = all_reduce_bytes(n, in.emb_elements * in.beta);
+    g.embedding_steps = {collective(CollectiveKind::kAllReduce, in.emb_elements * in.beta, "word-embedding all-reduce")};
+    g.embedding = sent_bytes(g.embedding_steps, n);
     return true;
   }
-  const ReducerBytes eb = reducer_bytes(k.embedding, {{in.vp / e.dims.tp, cfg.model.hidden_size}}, n, o);
+  ReducerPlan eb = reducer_plan(k.embedding, {{in.vp / e.dims.tp, cfg.model.hidden_size}}, n, o);
   if (!eb.modelled) e.notes.push_back(fmt::format("embedding: {}", eb.note));
-  g.embedding = eb.bytes;
+  g.embedding = sent_bytes(eb.steps, n);
+  g.embedding_steps = std::move(eb.steps);
   return eb.modelled;
 }
 
@@ -383,8 +459,19 @@ StageTrafficEstimate estimate_stage(const Config& cfg, TrafficEstimate& e, const
   // TP: per micro-batch L_k·k_TP layer all-reduces, the embedding's forward all-reduce (first
   // stage), the tied output layer's backward all-reduce and 3 cross-entropy all-reduces (last).
   if (t > 1) {
-    const int64_t per_mb = (g.layers * e.k_tp + first + last) * all_reduce_bytes(t, e.message_elements * in.tp_beta) +
-                           (last ? all_reduce_bytes(t, s * b * 4) + 2 * all_reduce_bytes(t, s * b * in.ce_beta) : 0);
+    const auto ar = CollectiveKind::kAllReduce;
+    g.tp_message_bytes = e.message_elements * in.tp_beta;
+    g.tp_per_layer_forward = 2;
+    g.tp_per_layer_backward = e.k_tp - 2;
+    if (first) g.tp_forward_extra.push_back(collective(ar, g.tp_message_bytes, "embedding all-reduce"));
+    if (last) {
+      g.tp_forward_extra.push_back(collective(ar, s * b * 4, "cross-entropy max"));
+      g.tp_forward_extra.push_back(collective(ar, s * b * in.ce_beta, "cross-entropy sum"));
+      g.tp_forward_extra.push_back(collective(ar, s * b * in.ce_beta, "cross-entropy target logit"));
+      g.tp_backward_extra.push_back(collective(ar, g.tp_message_bytes, "output layer all-reduce"));
+    }
+    const int64_t per_mb = g.layers * e.k_tp * LinkEmulator::ring_send_bytes(ar, g.tp_message_bytes, static_cast<int>(t)) +
+                           sent_bytes(g.tp_forward_extra, t) + sent_bytes(g.tp_backward_extra, t);
     g.tp = m * per_mb;
   }
   stage_pp_bytes(g, cfg, e, in, st);

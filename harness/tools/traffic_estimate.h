@@ -40,6 +40,7 @@
 #include "harness/parallel/communicator.h"
 #include "harness/config/config.h"
 #include "harness/parallel/layout.h"
+#include "harness/parallel/link_emulator.h"
 
 namespace optcc {
 
@@ -79,6 +80,35 @@ struct TrafficModelOptions {
   bool gloo = false;  // CPU / Gloo: the bf16 DP reducer all-gathers instead of all-reducing
 };
 
+/// One operation behind the byte counts, as the runtime issues it: a collective on the group the
+/// operation belongs to, or local arithmetic of a compressor. The traffic model sums the bytes of
+/// the collectives (sent_bytes); the simulator (simulator.h) replays the whole list in order.
+struct CommStep {
+  bool compute = false;                               // false: a collective
+  CollectiveKind kind = CollectiveKind::kAllReduce;   // collective: its kind
+  int64_t bytes = 0;           // collective: the tensor bytes X the Communicator gets (all_gather: this
+                               // rank's input); one rank sends LinkEmulator::ring_send_bytes(kind, X, n)
+  double flops = 0;            // compute: FLOPs of the compressor's arithmetic
+  double memory_bytes = 0;     // compute: bytes it reads and writes (element-wise work)
+  std::string codec;           // compute: the compressor ("powersgd", "lowrank", ...) whose throughput applies
+  std::string what;            // a label for reports ("P all-reduce", "P = MQ", ...)
+};
+/// Σ ring_send_bytes over the collectives of `steps` on a group of `n` ranks (0 when n < 2).
+int64_t sent_bytes(const std::vector<CommStep>& steps, int64_t n);
+
+/// A DP or embedding reducer's operations for one call over gradients of `shapes` on a group of `n`
+/// ranks, in the order its header lists them (none: one flat all-reduce; fp16/bf16: one 16-bit
+/// collective; powersgd: P = MQ, P all-reduce, raw all-reduce, orthogonalise + Q = MᵀP, Q
+/// all-reduce, P̂Qᵀ; topk/randomk/qsgd/signsgd: one compressed collective and one raw all-reduce).
+/// `modelled` false, with a note, for a reducer the model does not know.
+struct ReducerPlan {
+  bool modelled = true;
+  std::vector<CommStep> steps;
+  std::string note;
+};
+ReducerPlan reducer_plan(const CompressorSpec& spec, const std::vector<std::vector<int64_t>>& shapes, int64_t n,
+                         const TrafficModelOptions& o);
+
 using ClassLinkBytes = std::array<std::array<int64_t, 2>, kNumTraffic>;  // [Traffic][Link]
 
 /// One rank's bytes per iteration.
@@ -107,6 +137,22 @@ struct StageTrafficEstimate {
   int64_t dp_word_embedding_share = 0;  // baseline only: 2(d-1)/d·E·β of the DP all-reduce (spec §9)
   int64_t embedding = 0;
   int64_t lep_bytes = 0;       // LEP buffers held (fp32 slice; m of them for per_microbatch)
+
+  // The operations behind these bytes, per TP rank (the simulator replays them):
+  int64_t tp_message_bytes = 0;              // one layer all-reduce: N·β (the whole activation)
+  int64_t tp_per_layer_forward = 0;          // all-reduces per layer and micro-batch: 2 (0 when t = 1)
+  int64_t tp_per_layer_backward = 0;         // k_TP - 2
+  std::vector<CommStep> tp_forward_extra;    // per micro-batch: embedding (first), cross-entropy (last)
+  std::vector<CommStep> tp_backward_extra;   // per micro-batch: the tied output layer (last)
+  int64_t pp_fwd_message = 0;                // one forward send (codec payload or slice·β)
+  std::vector<int64_t> pp_bwd_messages;      // [m] bytes of the gradient of micro-batch i to stage k-1
+  std::vector<bool> pp_bwd_compressed;       // [m] whether that gradient is compressed (CB)
+  int64_t pp_gather_bytes = 0;               // the receiver's TP all-gather input (slice·β; 0 without
+                                             // scatter-gather)
+  std::vector<CommStep> cb_encode, cb_decode;  // compute of one compressed gradient, sender / receiver
+  std::vector<CommStep> dp_steps;            // the DP reducer's call
+  std::vector<CommStep> embedding_steps;     // the embedding sync (first and last stage)
+  int64_t embedding_group = 0;               // its group size (2, 2d under FE, 1 when p = 1 and no FE)
 };
 
 struct TrafficEstimate {
@@ -133,6 +179,10 @@ struct TrafficEstimate {
 /// what it needs; throws ConfigError for settings it cannot model consistently (an unknown codec,
 /// a codec whose matrix view does not fit the message, ...).
 TrafficEstimate estimate_traffic(const Config& cfg, const TrafficModelOptions& o = {});
+
+/// A copy of `c` whose compressor options are deep copies: YAML nodes alias, so changing the
+/// compression section of a plain copy (apply_compression_scheme) writes through to `c`.
+Config detached_copy(const Config& c);
 
 /// The rows of spec §9's worked-numbers table for `cfg`'s model and layout. Rows that compare
 /// techniques evaluate estimate_traffic() on variants of `cfg`: its compression reset to the

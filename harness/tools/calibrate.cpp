@@ -1,0 +1,234 @@
+// `optcc calibrate` (calibrate.h): timings on this machine, written as a hardware profile.
+#include "harness/tools/calibrate.h"
+
+#include <sys/wait.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <stdexcept>
+
+#include "compression/act_codec.h"
+#include "harness/parallel/threads.h"
+#include "harness/tools/traffic_estimate.h"
+#include "harness/train/optimizer.h"
+#include "harness/train/trainer.h"
+#include "models/flops.h"
+#include "models/gpt.h"
+
+namespace optcc {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// What one process measures, in SI units.
+struct Rates {
+  double forward = 0, backward = 0, memory = 0, optimizer = 0, lowrank = 0, powersgd = 0;
+  static constexpr int kFields = 6;
+  std::array<double, kFields> as_array() const { return {forward, backward, memory, optimizer, lowrank, powersgd}; }
+  static Rates from(const std::array<double, kFields>& a) { return {a[0], a[1], a[2], a[3], a[4], a[5]}; }
+};
+
+template <class F>
+double median_seconds(int64_t reps, F&& body) {
+  body();  // warm-up
+  std::vector<double> t;
+  for (int64_t i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    body();
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// Forward and backward of the whole model on one micro-batch, and one AdamW step.
+void time_model(const Config& cfg, int64_t reps, Rates& r) {
+  const GptOptions o = gpt_options(cfg);
+  GptModel model(o);
+  model->train();
+  auto optimizer = make_adamw(*model, cfg.train);
+  const int64_t b = cfg.train.micro_batch_size;
+  auto batch = torch::randint(0, o.vocab_size, {b, o.seq_len + 1}, torch::kLong);
+  const double fwd_flops = double(o.num_layers) * layer_forward_flops(o.hidden_size, o.seq_len, b) +
+                           logits_forward_flops(o.hidden_size, o.seq_len, b, o.vocab_size);
+  torch::Tensor loss;
+  const double fwd = median_seconds(reps, [&] { loss = model->loss(batch); });
+  const double fwd_bwd = median_seconds(reps, [&] {
+    optimizer->zero_grad();
+    model->loss(batch).backward();
+  });
+  const double bwd = fwd_bwd - fwd;
+  r.forward = fwd_flops / fwd;
+  r.backward = backward_flops(fwd_flops) / std::max(bwd, 1e-9);
+  int64_t params = 0;
+  for (const auto& p : model->parameters()) params += p.numel();
+  r.optimizer = median_seconds(reps, [&] { optimizer->step(); }) / double(params);
+}
+
+// A 64 MiB fp32 copy: read + write bytes per second.
+double time_memory(int64_t reps) {
+  auto a = torch::rand({16 << 20});
+  auto c = torch::empty_like(a);
+  return 2.0 * 4.0 * double(a.numel()) / median_seconds(reps, [&] { c.copy_(a); });
+}
+
+// The cb scheme's codec on one message slice; FLOPs as the traffic model counts them.
+double time_lowrank(const Config& cfg, int64_t reps) {
+  Config v = detached_copy(cfg);
+  apply_compression_scheme(v.compression, "cb");
+  v.parallel.pp = std::max<int64_t>(2, v.parallel.pp);  // a backward message exists
+  if (v.model.num_layers < v.parallel.pp) v.model.num_layers = v.parallel.pp;
+  const TrafficEstimate e = estimate_traffic(v);
+  const auto& g = e.stages.back();
+  double flops = 0;
+  for (const auto& s : g.cb_encode) flops += s.flops;
+  for (const auto& s : g.cb_decode) flops += s.flops;
+  auto codec = make_act_codec("lowrank", pipeline_codec_options(v, v.compression.pipeline_backward));
+  auto x = torch::randn({e.slice_elements});
+  return flops / median_seconds(reps, [&] {
+    auto p = codec->encode(x);
+    auto err = codec->last_error();
+    auto y = codec->decode(p, e.slice_elements);
+  });
+}
+
+// PowerSGD rank 128's three GEMMs on fc1 [4h/t, h].
+double time_powersgd(const Config& cfg, int64_t reps) {
+  const int64_t rows = 4 * cfg.model.hidden_size / cfg.parallel.tp, cols = cfg.model.hidden_size;
+  const int64_t r = std::min<int64_t>({128, rows, cols});
+  auto m = torch::randn({rows, cols});
+  auto q = torch::randn({cols, r});
+  return 6.0 * double(rows) * double(cols) * double(r) / median_seconds(reps, [&] {
+    auto p = torch::mm(m, q);
+    auto q2 = torch::mm(m.t(), p);
+    auto out = torch::mm(p, q2.t());
+  });
+}
+
+Rates measure(const Config& cfg, int64_t reps, int64_t local_ranks) {
+  set_cpu_threads(threads_for(cfg, local_ranks));
+  torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
+  Rates r;
+  time_model(cfg, reps, r);
+  r.memory = time_memory(reps);
+  r.lowrank = time_lowrank(cfg, reps);
+  r.powersgd = time_powersgd(cfg, reps);
+  return r;
+}
+
+// `n` processes measure at once (forked before this process touches LibTorch's thread pools);
+// the median of each field over them.
+Rates measure_concurrently(const Config& cfg, int64_t reps, int64_t n) {
+  std::vector<std::pair<pid_t, int>> children;
+  for (int64_t i = 0; i < n; ++i) {
+    int fds[2];
+    if (pipe(fds) != 0) throw std::runtime_error("calibrate: pipe() failed");
+    const pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error("calibrate: fork() failed");
+    if (pid == 0) {
+      close(fds[0]);
+      int code = 0;
+      try {
+        const auto a = measure(cfg, reps, n).as_array();
+        code = write(fds[1], a.data(), sizeof(a)) == static_cast<ssize_t>(sizeof(a)) ? 0 : 3;
+      } catch (const std::exception& e) {
+        std::cerr << "calibrate (child): " << e.what() << "\n";
+        code = 2;
+      }
+      _exit(code);
+    }
+    close(fds[1]);
+    children.push_back({pid, fds[0]});
+  }
+  std::vector<std::array<double, Rates::kFields>> all;
+  for (auto [pid, fd] : children) {
+    std::array<double, Rates::kFields> a{};
+    const bool ok = read(fd, a.data(), sizeof(a)) == static_cast<ssize_t>(sizeof(a));
+    close(fd);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!ok || !WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("calibrate: a measuring process failed");
+    all.push_back(a);
+  }
+  std::array<double, Rates::kFields> med{};
+  for (int f = 0; f < Rates::kFields; ++f) {
+    std::vector<double> v;
+    for (const auto& a : all) v.push_back(a[f]);
+    std::sort(v.begin(), v.end());
+    med[f] = v[v.size() / 2];
+  }
+  return Rates::from(med);
+}
+
+std::string profile_yaml(const Config& cfg, const Rates& r, int64_t n, int64_t reps, double load) {
+  const auto& net = cfg.network;
+  const int64_t world = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp;
+  const int64_t rpn = cfg.parallel.ranks_per_node > 0 ? cfg.parallel.ranks_per_node : world;
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M", std::localtime(&now));
+  const std::string src = fmt::format("measured by `optcc calibrate --config {}` ({} processes at once, median of {}; "
+                                      "load {:.1f} at the start; {})",
+                                      cfg.source_path, n, reps, load, date);
+  return fmt::format(
+      "# This machine, for the simulator (harness/tools/hardware_profile.h), written by `optcc calibrate`\n"
+      "# (harness/tools/calibrate.h says what each number measures). Every measured number: {}\n"
+      "name: this-machine\n"
+      "description: \"this machine ({} processes at once), links of {} (network section)\"\n"
+      "device:\n"
+      "  forward_gflops: {:.4g}     # measured: model forward FLOPs (models/flops.h) / seconds, model {} b={}\n"
+      "  backward_gflops: {:.4g}    # measured: 2 x forward FLOPs / backward seconds\n"
+      "  memory_gbps: {:.4g}        # measured: 64 MiB fp32 copy, (read + write) bytes / seconds\n"
+      "  optimizer_ns_per_parameter: {:.4g}  # measured: one AdamW step / parameters\n"
+      "network:                     # the config's network section (what its emulated run declares)\n"
+      "  intra_node_gbps: {}\n  inter_node_gbps: {}\n  intra_node_latency_us: {}\n  inter_node_latency_us: {}\n"
+      "  scale: {}\n"
+      "  devices_per_node: {}        # parallel.ranks_per_node\n"
+      "  nics_per_node: 1            # the emulator's model: one NIC per node\n"
+      "compression:\n"
+      "  lowrank: {{gflops: {:.4g}}}    # measured: cb codec (rank 16) encode + error + decode of one slice\n"
+      "  powersgd: {{gflops: {:.4g}}}   # measured: rank-128 GEMMs P = MQ, Q = MᵀP, PQᵀ on fc1 [4h/t, h]\n",
+      src, n, cfg.source_path, r.forward / 1e9, cfg.model.preset, cfg.train.micro_batch_size, r.backward / 1e9,
+      r.memory / 1e9, r.optimizer * 1e9, net.intra_node_gbps, net.inter_node_gbps, net.intra_node_latency_us,
+      net.inter_node_latency_us, net.scale, rpn, r.lowrank / 1e9, r.powersgd / 1e9);
+}
+
+double load_average() {
+  double l[1] = {0};
+  return getloadavg(l, 1) == 1 ? l[0] : -1;
+}
+
+}  // namespace
+
+int run_calibrate_command(const Config& cfg, const CalibrateOptions& o) {
+  cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
+  if (!(cfg.network.intra_node_gbps > 0 && cfg.network.inter_node_gbps > 0)) {
+    throw ConfigError(fmt::format("config error: network.intra_node_gbps = {}, inter_node_gbps = {}: calibrate "
+                                  "writes the config's links into the profile and needs both > 0. Fix: use the "
+                                  "emulation experiment's config, or --set network.profile=paper-a100-ib200.",
+                                  cfg.network.intra_node_gbps, cfg.network.inter_node_gbps));
+  }
+  if (o.reps < 1) throw ConfigError(fmt::format("--reps {}: must be >= 1", o.reps));
+  const int64_t world = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp;
+  const int64_t n = o.concurrent > 0 ? o.concurrent : world;
+  const double load = load_average();
+  std::cerr << fmt::format("calibrate: {} processes, {} repetitions each (load {:.1f})\n", n, o.reps, load);
+  const Rates r = measure_concurrently(cfg, o.reps, n);
+  const std::string yaml = profile_yaml(cfg, r, n, o.reps, load);
+  std::ofstream out(o.output);
+  if (!out) throw std::runtime_error(fmt::format("calibrate: cannot write {}", o.output));
+  out << yaml;
+  std::cout << yaml << fmt::format("# written to {}\n", o.output);
+  return 0;
+}
+
+}  // namespace optcc

@@ -1,0 +1,36 @@
+// `optcc calibrate --config X`: measures this machine for the simulator and writes a hardware
+// profile (hardware_profile.h), by default experiments/profiles/this-machine.yaml. Measured, each
+// as the median of `reps` repetitions in each of `concurrent` processes timing at the same time
+// (an emulated run puts all its ranks on this machine, so they share its cores), then the median
+// over the processes:
+//   device.forward_gflops / backward_gflops  the config's whole model (tp = pp = 1, the config's
+//            micro-batch) forward (loss) and backward, with the threads a rank of the run uses
+//            (parallel.threads, or cores / local ranks): models/flops.h FLOPs / seconds;
+//   device.memory_gbps                       a large fp32 copy (read + write bytes / seconds);
+//   device.optimizer_ns_per_parameter        one AdamW step of that model / its parameters;
+//   compression.lowrank.gflops               the `cb` scheme's codec (rank 16) encode + decode
+//            of one pipeline message slice of the config, FLOPs as the traffic model counts them;
+//   compression.powersgd.gflops              PowerSGD rank 128's GEMMs (P = MQ, Q = MᵀP, PQᵀ) on
+//            the config's largest DP matrix (fc1 [4h/t, h]);
+//   network                                  the config's network section as it stands (the
+//            emulated links: GB/s, µs, scale), devices_per_node = parallel.ranks_per_node.
+// Uses the CPU heavily for tens of seconds: run it on a quiet machine.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "harness/config/config.h"
+
+namespace optcc {
+
+struct CalibrateOptions {
+  std::string output = "experiments/profiles/this-machine.yaml";
+  int64_t concurrent = 0;  // 0: the config's world size (tp·pp·dp)
+  int64_t reps = 5;
+};
+
+/// Measures and writes the profile; prints it. Returns the exit code.
+int run_calibrate_command(const Config& cfg, const CalibrateOptions& o);
+
+}  // namespace optcc

@@ -1,0 +1,168 @@
+// Scale simulator (harness/tools/simulator.h): exact cases, profiles, and its agreement with the
+// traffic model and the emulator's cost model.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "harness/config/config.h"
+#include "harness/tools/hardware_profile.h"
+#include "harness/tools/simulator.h"
+#include "models/flops.h"
+
+namespace optcc {
+namespace {
+
+// 1 TFLOP/s, links of 10 GB/s (both), no latency, free optimizer.
+const char* kProfile = R"(
+name: test
+description: exact cases
+device: {peak_tflops: 1, efficiency: 1, memory_gbps: 1000, optimizer_ns_per_parameter: 0}
+network: {intra_node_gbps: 10, inter_node_gbps: 10, intra_node_latency_us: 0, inter_node_latency_us: 0,
+          devices_per_node: 1, nics_per_node: 1}
+)";
+
+HardwareProfile profile(int devices_per_node = 1) {
+  HardwareProfile hw = parse_hardware_profile(kProfile, "test");
+  hw.devices_per_node = devices_per_node;
+  return hw;
+}
+
+Config small(int64_t tp, int64_t pp, int64_t dp, int64_t micro_batches, int64_t hidden = 64) {
+  Config c;
+  c.model.num_layers = 4;
+  c.model.hidden_size = hidden;
+  c.model.num_heads = 4;
+  c.model.seq_len = 32;
+  c.model.vocab_size = 256;
+  c.parallel.tp = tp, c.parallel.pp = pp, c.parallel.dp = dp;
+  c.train.micro_batch_size = 2;
+  c.train.global_batch_size = 2 * micro_batches * dp;
+  c.validate(tp * pp * dp);
+  return c;
+}
+
+// No compute, no TP cost (links nearly infinite inside a node): only what a test puts in.
+void zero_compute(SimInputs& in) {
+  for (auto& s : in.stages) s = StageCompute{s.layers, 0, 0, 0, 0, 0};
+}
+
+TEST(Simulator, OneStageWithoutCommunicationIsItsComputeTime) {
+  const Config c = small(1, 1, 1, 4);
+  const SimResult r = replay(make_sim_inputs(c, profile()));
+  const double f = 4 * layer_forward_flops(64, 32, 2) + logits_forward_flops(64, 32, 2, c.padded_vocab_size());
+  const double expected = 4 * (f + 2 * f) / 1e12;  // m = 4 micro-batches, backward = 2 x forward
+  EXPECT_NEAR(r.iteration_s, expected, 1e-9 * 16);
+  EXPECT_NEAR(r.breakdown_s[static_cast<int>(Category::kCompute)], r.iteration_s, 1e-12);
+}
+
+TEST(Simulator, EqualStagesGiveThe1F1BFormula) {
+  for (int p : {2, 4}) {
+    for (int m : {1, 3, 8}) {
+      SimInputs in = make_sim_inputs(small(1, p, 1, m), profile());
+      const double tf = 0.010, tb = 0.025;
+      for (auto& s : in.stages) s = StageCompute{1, tf, tb, 0, 0, 0};
+      in.links.intra_bytes_per_s = in.links.inter_bytes_per_s = 1e30;  // free messages
+      const SimResult r = replay(in);
+      EXPECT_NEAR(r.iteration_s, (m + p - 1) * (tf + tb), 1e-6) << "p=" << p << " m=" << m;
+      in.schedule = "gpipe";
+      EXPECT_NEAR(replay(in).iteration_s, (m + p - 1) * (tf + tb), 1e-6) << "gpipe p=" << p << " m=" << m;
+    }
+  }
+}
+
+TEST(Simulator, AllReduceAloneIsTheRingFormula) {
+  SimInputs in = make_sim_inputs(small(1, 1, 4, 1), profile());  // 4 nodes of 1 rank
+  zero_compute(in);
+  const int64_t x = 100'000'000;
+  CommStep ar;
+  ar.bytes = x;
+  in.traffic.stages[0].dp_steps = {ar};
+  in.links.inter_latency_s = 5e-6;
+  const SimResult r = replay(in);
+  EXPECT_NEAR(r.iteration_s, 2 * 3 * (5e-6 + (x / 4) / 10e9), 1e-8);  // 2(n-1)(L + X/n / bw)
+  EXPECT_NEAR(r.breakdown_s[static_cast<int>(Category::kDataParallel)], r.iteration_s, 1e-12);
+}
+
+TEST(Simulator, TwoTensorParallelRanksSharingANicTakeTwiceAsLong) {
+  const int64_t x = 100'000'000;
+  CommStep ar;
+  ar.bytes = x;
+  // One rank per node: the DP all-reduce of 2 ranks alone on its NIC.
+  SimInputs one = make_sim_inputs(small(1, 1, 2, 1), profile(1));
+  zero_compute(one);
+  one.traffic.stages[0].dp_steps = {ar};
+  // TP2 x DP2, nodes of 2: each node's two TP ranks run their DP all-reduces through one NIC.
+  SimInputs two = make_sim_inputs(small(2, 1, 2, 1), profile(2));
+  zero_compute(two);
+  two.traffic.stages[0].dp_steps = {ar};
+  two.links.intra_bytes_per_s = 1e30;  // the TP all-reduces of the forward cost nothing
+  const double t1 = replay(one).iteration_s, t2 = replay(two).iteration_s;
+  EXPECT_NEAR(t1, x / 10e9, 1e-8);  // 2(n-1) steps of X/n: X / bw for n = 2
+  EXPECT_NEAR(t2, 2 * t1, 1e-7);    // (the free TP all-reduces round up to 1 ns each)
+  two.links.nics_per_node = 2;      // a NIC each: no queue
+  EXPECT_NEAR(replay(two).iteration_s, t1, 1e-7);
+}
+
+TEST(Simulator, ReplaysTheTrafficModelsMessagesAndCollectives) {
+  // TP2 x PP2 x DP2, CB + FE + SC: the bytes in the plans are the traffic model's, so the replay
+  // of a layout with free links and no compute is instantaneous and every scheme runs to the end.
+  Config c = small(2, 2, 2, 4);
+  for (const char* scheme : {"baseline", "cb", "cb_fe", "cb_fe_sc", "cb_nonlep"}) {
+    Config v = detached_copy(c);
+    apply_compression_scheme(v.compression, scheme);
+    SimInputs in = make_sim_inputs(v, profile(2));
+    const SimResult r = replay(in);
+    EXPECT_GT(r.iteration_s, 0) << scheme;
+    EXPECT_GT(r.operations, 8 * 4 * 2) << scheme;
+    double sum = 0;
+    for (double v2 : r.breakdown_s) sum += v2;
+    EXPECT_NEAR(sum, r.iteration_s, 1e-9) << scheme;  // the breakdown covers the iteration
+    double path = 0;
+    for (const auto& s : r.critical_path) path += s.end_s - s.start_s;
+    EXPECT_NEAR(path, r.iteration_s, 1e-9) << scheme;  // the critical path covers it too
+  }
+}
+
+TEST(Simulator, CompressionCutsInterNodeTimeWhenLinksAreSlow) {
+  // h = 1024 on 100 MB/s nodes: the DP all-reduce (50 MB per stage and rank) dominates the
+  // baseline; PowerSGD rank 128 (SC) sends about 5x less, so CB+FE+SC is faster and spends less in dp.
+  Config c = small(2, 2, 2, 4, 1024);
+  HardwareProfile hw = profile(2);
+  hw.links.inter_bytes_per_s = 1e8;
+  const auto runs = simulate_schemes(c, hw, {}, {"baseline", "cb_fe_sc"});
+  const int dp = static_cast<int>(Category::kDataParallel);
+  EXPECT_LT(runs[1].result.iteration_s, runs[0].result.iteration_s);
+  EXPECT_LT(runs[1].result.breakdown_s[dp], runs[0].result.breakdown_s[dp] / 2);
+  EXPECT_GT(runs[0].result.breakdown_s[dp], runs[0].result.breakdown_s[static_cast<int>(Category::kCompute)]);
+}
+
+TEST(HardwareProfile, RefusesUnknownKeysAndMissingNumbers) {
+  EXPECT_THROW(parse_hardware_profile("name: x\ndevice: {peak_tflops: 1, memory_gbps: 1, typo: 3}\n"
+                                      "network: {intra_node_gbps: 1, inter_node_gbps: 1}\n", "t"),
+               ConfigError);
+  EXPECT_THROW(parse_hardware_profile("name: x\ndevice: {memory_gbps: 1}\nnetwork: {intra_node_gbps: 1, "
+                                      "inter_node_gbps: 1}\n", "t"),
+               ConfigError);
+  EXPECT_THROW(parse_hardware_profile("name: x\ndevice: {peak_tflops: 1, memory_gbps: 1}\nnetwork: "
+                                      "{emulator_profile: nope}\n", "t"),
+               ConfigError);
+}
+
+TEST(HardwareProfile, PaperProfileTakesTheEmulatorsLinks) {
+  // One source of truth: experiments/profiles/paper-a100-ib200.yaml names the built-in network
+  // profile (harness/config/config_network.cpp) instead of restating its numbers.
+  const HardwareProfile hw = load_hardware_profile(std::string(OPTCC_SOURCE_DIR) + "/experiments/profiles/paper-a100-ib200.yaml");
+  NetworkConfig net;
+  apply_network_profile(net, "paper-a100-ib200");
+  EXPECT_EQ(hw.emulator_profile, "paper-a100-ib200");
+  EXPECT_DOUBLE_EQ(hw.links.inter_bytes_per_s, net.inter_node_gbps * 1e9);
+  EXPECT_DOUBLE_EQ(hw.links.intra_bytes_per_s, net.intra_node_gbps * 1e9);
+  EXPECT_DOUBLE_EQ(hw.links.inter_latency_s, net.inter_node_latency_us * 1e-6);
+  EXPECT_DOUBLE_EQ(hw.links.intra_latency_s, net.intra_node_latency_us * 1e-6);
+  EXPECT_EQ(hw.devices_per_node, 8);
+  EXPECT_EQ(hw.links.nics_per_node, 1);
+}
+
+}  // namespace
+}  // namespace optcc
