@@ -2,6 +2,7 @@
 #include "harness/tools/calibrate.h"
 
 #include <sys/wait.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -12,11 +13,16 @@
 #include <chrono>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <stdexcept>
+#include <tuple>
+#include <type_traits>
+#include <cstdio>
 
 #include "compression/act_codec.h"
+#include "harness/parallel/communicator.h"
 #include "harness/parallel/threads.h"
 #include "harness/tools/traffic_estimate.h"
 #include "harness/train/optimizer.h"
@@ -29,25 +35,70 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// What one process measures, in SI units.
-struct Rates {
-  double forward = 0, backward = 0, memory = 0, optimizer = 0, lowrank = 0, powersgd = 0;
-  static constexpr int kFields = 6;
-  std::array<double, kFields> as_array() const { return {forward, backward, memory, optimizer, lowrank, powersgd}; }
-  static Rates from(const std::array<double, kFields>& a) { return {a[0], a[1], a[2], a[3], a[4], a[5]}; }
-};
-
+// The median of `reps` timings of body() after one warm-up call: the wall time of each call, or
+// what body() returns when it returns the seconds of its own timed part.
 template <class F>
 double median_seconds(int64_t reps, F&& body) {
   body();  // warm-up
   std::vector<double> t;
   for (int64_t i = 0; i < reps; ++i) {
     const auto t0 = Clock::now();
-    body();
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    if constexpr (std::is_same_v<decltype(body()), double>) {
+      t.push_back(body());
+    } else {
+      body();
+      t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// What one process measures, in SI units.
+struct Rates {
+  double forward = 0, backward = 0, memory = 0, optimizer = 0, lowrank = 0, powersgd = 0;
+  double allreduce_small = 0, allreduce_large = 0;  // seconds: 2-process all-reduce of S and 16 S bytes
+  static constexpr int kFields = 8;
+  std::array<double, kFields> as_array() const {
+    return {forward, backward, memory, optimizer, lowrank, powersgd, allreduce_small, allreduce_large};
+  }
+  static Rates from(const std::array<double, kFields>& a) { return {a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]}; }
+};
+
+constexpr int64_t kLargeFactor = 16;  // the transport's second message size, in TP messages
+
+// The real transport (Gloo over loopback between processes of this machine): S = one TP message of
+// the config ([s, b, h] fp32) and 16 S, all-reduced by this process and its partner (process i ^ 1), each
+// after a GEMM of one layer half as in a run (so the other processes compute meanwhile), timed
+// from the later of the two posts to the end; median of max(4 reps, 20). A process without a partner times 0.
+std::pair<double, double> time_transport(const Config& cfg, int64_t reps, int64_t index, int64_t n,
+                                         const std::string& store_path) {
+  const int64_t partner = index ^ 1;
+  if (partner >= n) return {0.0, 0.0};
+  auto store = c10::make_intrusive<c10d::FileStore>(fmt::format("{}-pair{}", store_path, index / 2), 2);
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000));
+  auto pg = make_gloo_group(store, "transport", static_cast<int>(index & 1), 2, timeout);
+  const int64_t rows = cfg.model.seq_len * cfg.train.micro_batch_size, h = cfg.model.hidden_size;
+  auto a = torch::randn({rows, h});
+  auto w = torch::randn({h, 4 * h / cfg.parallel.tp});
+  // fp64 elements of the same bytes, element 0 carrying this process's post time (steady_clock is
+  // one clock for the machine): the sum minus its own gives the partner's, and the time counts
+  // from the later post, as the simulator's transport term does (waiting for a late partner is
+  // the replay's business, not the transport's).
+  auto timed = [&](int64_t fp32_elements) {
+    std::vector<torch::Tensor> t{torch::zeros({fp32_elements / 2}, torch::kFloat64)};
+    return median_seconds(std::max<int64_t>(reps * 4, 20), [&] {
+      auto y = torch::mm(a, w);  // the compute between two TP all-reduces
+      t[0].zero_();
+      const double post = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+      t[0][0] = post;
+      pg->allreduce(t)->wait();
+      const double end = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+      const double partner_post = t[0][0].item<double>() - post;
+      return end - std::max(post, partner_post);
+    });
+  };
+  return {timed(rows * h), timed(kLargeFactor * rows * h)};
 }
 
 // Forward and backward of the whole model on one micro-batch, and one AdamW step.
@@ -114,7 +165,7 @@ double time_powersgd(const Config& cfg, int64_t reps) {
   });
 }
 
-Rates measure(const Config& cfg, int64_t reps, int64_t local_ranks) {
+Rates measure(const Config& cfg, int64_t reps, int64_t index, int64_t local_ranks, const std::string& store_path) {
   set_cpu_threads(threads_for(cfg, local_ranks));
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
   Rates r;
@@ -122,12 +173,14 @@ Rates measure(const Config& cfg, int64_t reps, int64_t local_ranks) {
   r.memory = time_memory(reps);
   r.lowrank = time_lowrank(cfg, reps);
   r.powersgd = time_powersgd(cfg, reps);
+  std::tie(r.allreduce_small, r.allreduce_large) = time_transport(cfg, reps, index, local_ranks, store_path);
   return r;
 }
 
 // `n` processes measure at once (forked before this process touches LibTorch's thread pools);
 // the median of each field over them.
 Rates measure_concurrently(const Config& cfg, int64_t reps, int64_t n) {
+  const std::string store_path = fmt::format("/tmp/optcc-calibrate-{}-{}", getuid(), getpid());
   std::vector<std::pair<pid_t, int>> children;
   for (int64_t i = 0; i < n; ++i) {
     int fds[2];
@@ -138,7 +191,7 @@ Rates measure_concurrently(const Config& cfg, int64_t reps, int64_t n) {
       close(fds[0]);
       int code = 0;
       try {
-        const auto a = measure(cfg, reps, n).as_array();
+        const auto a = measure(cfg, reps, i, n, store_path).as_array();
         code = write(fds[1], a.data(), sizeof(a)) == static_cast<ssize_t>(sizeof(a)) ? 0 : 3;
       } catch (const std::exception& e) {
         std::cerr << "calibrate (child): " << e.what() << "\n";
@@ -159,20 +212,36 @@ Rates measure_concurrently(const Config& cfg, int64_t reps, int64_t n) {
     if (!ok || !WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("calibrate: a measuring process failed");
     all.push_back(a);
   }
+  for (int64_t pair = 0; pair < n / 2; ++pair) std::remove(fmt::format("{}-pair{}", store_path, pair).c_str());
   std::array<double, Rates::kFields> med{};
   for (int f = 0; f < Rates::kFields; ++f) {
     std::vector<double> v;
-    for (const auto& a : all) v.push_back(a[f]);
+    for (const auto& a : all) {
+      if (a[f] > 0 || f < 6) v.push_back(a[f]);  // transport: processes with a partner
+    }
+    if (v.empty()) continue;
     std::sort(v.begin(), v.end());
     med[f] = v[v.size() / 2];
   }
   return Rates::from(med);
 }
 
-std::string profile_yaml(const Config& cfg, const Rates& r, int64_t n, int64_t reps, double load) {
+std::string profile_yaml(const Config& cfg, const Rates& r, int64_t n, int64_t reps, double load,
+                         const std::string& name) {
   const auto& net = cfg.network;
   const int64_t world = cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp;
   const int64_t rpn = cfg.parallel.ranks_per_node > 0 ? cfg.parallel.ranks_per_node : world;
+  // The transport fit: a 2-rank all-reduce takes 2 steps and sends S bytes per rank, so
+  // t(S) = 2 L + S / bw; from t(S) and t(16 S): S / bw = (t(16 S) - t(S)) / 15. When the larger
+  // message was not slower (latency-bound: scheduling of processes sharing cores dominates),
+  // bandwidth is left out (gbps 0) and L = the mean of both / 2.
+  const double s_bytes = 4.0 * double(cfg.model.seq_len * cfg.train.micro_batch_size * cfg.model.hidden_size);
+  const bool size_matters = r.allreduce_large > r.allreduce_small;
+  const double transfer = size_matters ? (r.allreduce_large - r.allreduce_small) / double(kLargeFactor - 1) : 0.0;
+  const double transport_gbps = size_matters ? s_bytes / transfer / 1e9 : 0.0;
+  const double step_latency_us =
+      (size_matters ? std::max(0.0, (r.allreduce_small - transfer) / 2.0)
+                    : (r.allreduce_small + r.allreduce_large) / 4.0) * 1e6;
   const std::time_t now = std::time(nullptr);
   char date[32];
   std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M", std::localtime(&now));
@@ -182,7 +251,7 @@ std::string profile_yaml(const Config& cfg, const Rates& r, int64_t n, int64_t r
   return fmt::format(
       "# This machine, for the simulator (harness/tools/hardware_profile.h), written by `optcc calibrate`\n"
       "# (harness/tools/calibrate.h says what each number measures). Every measured number: {}\n"
-      "name: this-machine\n"
+      "name: {}\n"
       "description: \"this machine ({} processes at once), links of {} (network section)\"\n"
       "device:\n"
       "  forward_gflops: {:.4g}     # measured: model forward FLOPs (models/flops.h) / seconds, model {} b={}\n"
@@ -194,12 +263,17 @@ std::string profile_yaml(const Config& cfg, const Rates& r, int64_t n, int64_t r
       "  scale: {}\n"
       "  devices_per_node: {}        # parallel.ranks_per_node\n"
       "  nics_per_node: 1            # the emulator's model: one NIC per node\n"
+      "transport:                   # measured: Gloo all-reduce of 2 processes at once in pairs, each after a GEMM,\n"
+      "                             # of {:.0f} and {:.0f} bytes (one TP message and 16x): {:.3f} and {:.3f} ms\n"
+      "  step_latency_us: {:.4g}      # fit: t(S) = 2 x latency + S / bandwidth\n"
+      "  gbps: {:.4g}                 # (0 = latency-bound: the larger message was not slower)\n"
       "compression:\n"
       "  lowrank: {{gflops: {:.4g}}}    # measured: cb codec (rank 16) encode + error + decode of one slice\n"
       "  powersgd: {{gflops: {:.4g}}}   # measured: rank-128 GEMMs P = MQ, Q = MᵀP, PQᵀ on fc1 [4h/t, h]\n",
-      src, n, cfg.source_path, r.forward / 1e9, cfg.model.preset, cfg.train.micro_batch_size, r.backward / 1e9,
+      src, name, n, cfg.source_path, r.forward / 1e9, cfg.model.preset, cfg.train.micro_batch_size, r.backward / 1e9,
       r.memory / 1e9, r.optimizer * 1e9, net.intra_node_gbps, net.inter_node_gbps, net.intra_node_latency_us,
-      net.inter_node_latency_us, net.scale, rpn, r.lowrank / 1e9, r.powersgd / 1e9);
+      net.inter_node_latency_us, net.scale, rpn, s_bytes, double(kLargeFactor) * s_bytes, r.allreduce_small * 1e3,
+      r.allreduce_large * 1e3, step_latency_us, transport_gbps, r.lowrank / 1e9, r.powersgd / 1e9);
 }
 
 double load_average() {
@@ -223,7 +297,7 @@ int run_calibrate_command(const Config& cfg, const CalibrateOptions& o) {
   const double load = load_average();
   std::cerr << fmt::format("calibrate: {} processes, {} repetitions each (load {:.1f})\n", n, o.reps, load);
   const Rates r = measure_concurrently(cfg, o.reps, n);
-  const std::string yaml = profile_yaml(cfg, r, n, o.reps, load);
+  const std::string yaml = profile_yaml(cfg, r, n, o.reps, load, std::filesystem::path(o.output).stem().string());
   std::ofstream out(o.output);
   if (!out) throw std::runtime_error(fmt::format("calibrate: cannot write {}", o.output));
   out << yaml;

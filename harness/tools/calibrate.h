@@ -12,6 +12,11 @@
 //            of one pipeline message slice of the config, FLOPs as the traffic model counts them;
 //   compression.powersgd.gflops              PowerSGD rank 128's GEMMs (P = MQ, Q = MᵀP, PQᵀ) on
 //            the config's largest DP matrix (fc1 [4h/t, h]);
+//   transport.step_latency_us / gbps         the real transport beneath the emulated links: a
+//            Gloo all-reduce between processes 2k and 2k+1 of one TP message ([s, b, h] fp32)
+//            and of 16x that, each after a GEMM of one layer half (the others compute meanwhile,
+//            as in a run), timed from the later of the two posts, fitted as t(S) = 2 x latency
+//            + S / bandwidth (hardware_profile.h);
 //   network                                  the config's network section as it stands (the
 //            emulated links: GB/s, µs, scale), devices_per_node = parallel.ranks_per_node.
 // Uses the CPU heavily for tens of seconds: run it on a quiet machine.

@@ -123,6 +123,18 @@ double HardwareProfile::codec_seconds(const std::string& codec, double flops, do
   return std::max(rate > 0 ? flops / rate : 0.0, memory_bytes_per_s > 0 ? memory_bytes / memory_bytes_per_s : 0.0);
 }
 
+double HardwareProfile::transport_p2p_seconds(int64_t bytes) const {
+  if (!has_transport) return 0.0;
+  return transport_step_latency_s + (transport_bytes_per_s > 0 ? double(bytes) / transport_bytes_per_s : 0.0);
+}
+
+double HardwareProfile::transport_ring_seconds(CollectiveKind kind, int64_t bytes, int n) const {
+  if (!has_transport || n < 2) return 0.0;
+  const int steps = kind == CollectiveKind::kAllReduce ? 2 * (n - 1) : n - 1;
+  const double send = double(LinkEmulator::ring_send_bytes(kind, bytes, n));
+  return steps * transport_step_latency_s + (transport_bytes_per_s > 0 ? send / transport_bytes_per_s : 0.0);
+}
+
 HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::string& origin) {
   YAML::Node root;
   try {
@@ -130,7 +142,7 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("profile error: {}: not valid YAML: {}", origin, e.what()));
   }
-  check_keys(root, "", {"name", "description", "device", "network", "compression"}, origin);
+  check_keys(root, "", {"name", "description", "device", "network", "transport", "compression"}, origin);
   HardwareProfile hw;
   hw.path = origin;
   if (!root["name"]) fail(origin, "name", "(missing)", "required");
@@ -138,6 +150,12 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   hw.description = root["description"] ? root["description"].as<std::string>() : "";
   parse_device(hw, root["device"], origin);
   parse_network(hw, root["network"], origin);
+  if (const YAML::Node t = root["transport"]) {
+    check_keys(t, "transport", {"step_latency_us", "gbps"}, origin);
+    hw.transport_step_latency_s = number(t, "transport", "step_latency_us", origin, 0, true) * 1e-6;
+    hw.transport_bytes_per_s = number(t, "transport", "gbps", origin, 0, true) * 1e9;
+    hw.has_transport = true;
+  }
   const YAML::Node c = root["compression"];
   if (c && !c.IsMap()) fail(origin, "compression", "(not a map)", "must map codec names to {gflops: X}");
   if (c) {

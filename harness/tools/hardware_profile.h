@@ -24,6 +24,11 @@
 //     devices_per_node: 8            # ranks per node (the simulated layout's parallel.ranks_per_node)
 //     nics_per_node: 1               # inter-node NICs per node, each of inter_node_gbps, shared
 //                                    # rail-style (link_emulator.h LinkParams::nics_per_node)
+//   transport:                       # optional (this-machine): the real transport beneath emulated
+//     step_latency_us: 900           # links, which no operation beats (an emulated run's operation
+//     gbps: 0.6                      # ends at the later of its real and its emulated end): per ring
+//                                    # step / message µs, and GB/s (0: no bandwidth term; optcc
+//                                    # calibrate measures both)
 //   compression:                     # optional, per codec/reducer name (lowrank, powersgd, ...)
 //     powersgd: {gflops: 30.0}       # the rate its arithmetic runs at (default: the device's
 //                                    # forward rate); element-wise passes use memory_gbps
@@ -48,6 +53,17 @@ struct HardwareProfile {
   std::string emulator_profile;      // "" when the links were given directly
   int devices_per_node = 8;
   std::map<std::string, double> codec_flops_per_s;  // by codec / reducer name
+  /// The real transport under emulated links (profile key `transport`); absent in a cluster's
+  /// profile, whose links are the transport. Seconds per ring step or message, and bytes/s
+  /// (0: latency-bound, no bandwidth term).
+  bool has_transport = false;
+  double transport_step_latency_s = 0;
+  double transport_bytes_per_s = 0;
+  /// The transport's time for a message of `bytes`: latency + bytes / bandwidth (0 without one).
+  double transport_p2p_seconds(int64_t bytes) const;
+  /// The transport's time for a ring collective over n ranks: steps x latency + the bytes one rank
+  /// sends (LinkEmulator::ring_send_bytes) / bandwidth; 2(n-1) steps for all-reduce, n-1 otherwise.
+  double transport_ring_seconds(CollectiveKind kind, int64_t bytes, int n) const;
 
   /// Seconds of a compressor's arithmetic: max(flops / its rate, memory_bytes / memory bandwidth)
   /// (roofline; the rate is codec_flops_per_s[codec], else forward_flops_per_s).

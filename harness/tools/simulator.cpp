@@ -213,6 +213,7 @@ struct OpRecord {
 struct PendingSend {
   int rank, op;
   int64_t post, data_end;
+  int64_t bytes;
 };
 struct PendingRecv {
   int rank, op;
@@ -229,8 +230,8 @@ struct CollectiveInstance {
 
 class Engine {
  public:
-  Engine(const Plans& plans, const RankLayout& layout, const LinkParams& links)
-      : plans_(plans), layout_(layout), nics_(std::make_shared<LocalNicTable>(layout.num_nodes() * links.nics_per_node)),
+  Engine(const Plans& plans, const RankLayout& layout, const LinkParams& links, const HardwareProfile& hw)
+      : plans_(plans), layout_(layout), hw_(hw), nics_(std::make_shared<LocalNicTable>(layout.num_nodes() * links.nics_per_node)),
         emu_(with_emulation(links), layout, nics_) {
     const size_t n = plans.ranks.size();
     records_.resize(n);
@@ -290,7 +291,7 @@ class Engine {
       Channel& ch = channels_[{from, to, m.channel}];
       if (m.send) {
         const int64_t start = emu_.p2p_send_start(r, m.peer, m.bytes, t);
-        ch.sends.push_back({r, i, t, emu_.p2p_end(r, m.peer, m.bytes, start)});
+        ch.sends.push_back({r, i, t, emu_.p2p_end(r, m.peer, m.bytes, start), m.bytes});
       } else {
         ch.recvs.push_back({r, i, t});
       }
@@ -302,10 +303,12 @@ class Engine {
     }
   }
 
-  // Both ends complete at max(data end, both posts). `from` on each side: the later of the two
-  // posts (a receive waiting for its sender is idle until then).
+  // Both ends complete at max(data end, both posts, the real transport's time after the later
+  // post). `from` on each side: the later of the two posts (a receive waiting for its sender is
+  // idle until then).
   void match(const PendingSend& s, const PendingRecv& v) {
-    const int64_t done = std::max({s.data_end, s.post, v.post});
+    const int64_t real_end = std::max(s.post, v.post) + to_ns(hw_.transport_p2p_seconds(s.bytes));
+    const int64_t done = std::max({s.data_end, s.post, v.post, real_end});
     settle(s.rank, s.op, done, v.post > s.post ? v.rank : -1, v.op);
     settle(v.rank, v.op, done, s.post > v.post ? s.rank : -1, s.op);
   }
@@ -336,7 +339,8 @@ class Engine {
     const int64_t send = LinkEmulator::ring_send_bytes(op.collective, op.bytes, n);
     int64_t s = inst.last_post;
     for (int member : group) s = std::max(s, emu_.collective_nic_start(member, group, send, inst.last_post));
-    const int64_t end = s + static_cast<int64_t>(std::ceil(emu_.ring_seconds(op.collective, op.bytes, group) * 1e9));
+    const int64_t end = std::max(s + to_ns(emu_.ring_seconds(op.collective, op.bytes, group)),
+                                 inst.last_post + to_ns(hw_.transport_ring_seconds(op.collective, op.bytes, n)));
     const auto [last_rank, last_op] = inst.members.back();
     for (const auto& [mr, mi] : inst.members) {
       auto& rec = records_[mr][mi];
@@ -348,8 +352,11 @@ class Engine {
     for (const auto& [mr, mi] : members) finish(mr, mi, end);
   }
 
+  static int64_t to_ns(double seconds) { return static_cast<int64_t>(std::ceil(seconds * 1e9)); }
+
   const Plans& plans_;
   const RankLayout& layout_;
+  const HardwareProfile& hw_;
   std::shared_ptr<LocalNicTable> nics_;
   LinkEmulator emu_;
   std::vector<std::vector<OpRecord>> records_;
@@ -446,7 +453,7 @@ SimResult replay(const SimInputs& in) {
   Plans plans;
   PlanBuilder builder{in, layout, plans, make_schedule(in.schedule)};
   for (int r = 0; r < layout.world(); ++r) plans.ranks.push_back(builder.rank_plan(r));
-  Engine engine(plans, layout, in.links);
+  Engine engine(plans, layout, in.links, in.hw);
   engine.run();
   const auto& rec = engine.records();
   SimResult res;

@@ -21,6 +21,9 @@
 // NIC at post time in the order they are posted; a collective starts when its last member posted,
 // members whose ring neighbour sits on another node reserve their NIC for their ring volume, and
 // all complete at the latest reservation start + the ring time.
+// A profile with a `transport` (this-machine) also bounds every operation from below by that real
+// transport's time after its last post, as an emulated run's operations end at the later of their
+// real and their emulated end (link_emulator.h).
 // Not modelled: control traffic (grad norm, loss), data loading, kernel launch and framework
 // overheads, overlap of communication with computation (optcc overlaps none).
 #pragma once

@@ -84,6 +84,26 @@ TEST(Simulator, AllReduceAloneIsTheRingFormula) {
   EXPECT_NEAR(r.breakdown_s[static_cast<int>(Category::kDataParallel)], r.iteration_s, 1e-12);
 }
 
+TEST(Simulator, ARealTransportBoundsEveryOperationFromBelow) {
+  // this-machine profiles carry the transport beneath the emulated links: an all-reduce takes
+  // the later of its emulated ring time and the transport's 2(n-1) x latency + sent bytes / bw.
+  SimInputs in = make_sim_inputs(small(1, 1, 4, 1), profile());  // 4 nodes of 1 rank, 10 GB/s
+  zero_compute(in);
+  const int64_t x = 100'000'000;
+  CommStep ar;
+  ar.bytes = x;
+  in.traffic.stages[0].dp_steps = {ar};
+  const double ring = replay(in).iteration_s;
+  EXPECT_NEAR(ring, 2 * 3 * ((x / 4) / 10e9), 1e-8);
+  in.hw.has_transport = true;
+  in.hw.transport_step_latency_s = 1e-3;
+  in.hw.transport_bytes_per_s = 1e9;  // slower than the link: the transport decides
+  EXPECT_NEAR(replay(in).iteration_s, 6 * 1e-3 + 2.0 * 3 / 4 * x / 1e9, 1e-8);
+  in.hw.transport_bytes_per_s = 0;  // latency-bound transport, faster than the link: the link decides
+  EXPECT_NEAR(replay(in).iteration_s, ring, 1e-8);
+  EXPECT_NEAR(in.hw.transport_p2p_seconds(x), 1e-3, 1e-12);
+}
+
 TEST(Simulator, TwoTensorParallelRanksSharingANicTakeTwiceAsLong) {
   const int64_t x = 100'000'000;
   CommStep ar;
@@ -147,6 +167,15 @@ TEST(HardwareProfile, RefusesUnknownKeysAndMissingNumbers) {
   EXPECT_THROW(parse_hardware_profile("name: x\ndevice: {peak_tflops: 1, memory_gbps: 1}\nnetwork: "
                                       "{emulator_profile: nope}\n", "t"),
                ConfigError);
+  const std::string base = "name: x\ndevice: {peak_tflops: 1, memory_gbps: 1}\n"
+                           "network: {intra_node_gbps: 1, inter_node_gbps: 1}\n";
+  EXPECT_THROW(parse_hardware_profile(base + "transport: {step_latency_us: 5, bandwidth: 1}\n", "t"), ConfigError);
+  EXPECT_THROW(parse_hardware_profile(base + "transport: {step_latency_us: -1, gbps: 1}\n", "t"), ConfigError);
+  EXPECT_FALSE(parse_hardware_profile(base, "t").has_transport);
+  const HardwareProfile hw = parse_hardware_profile(base + "transport: {step_latency_us: 1200, gbps: 0.8}\n", "t");
+  EXPECT_TRUE(hw.has_transport);
+  EXPECT_DOUBLE_EQ(hw.transport_step_latency_s, 1.2e-3);
+  EXPECT_DOUBLE_EQ(hw.transport_bytes_per_s, 0.8e9);
 }
 
 TEST(HardwareProfile, PaperProfileTakesTheEmulatorsLinks) {
