@@ -9,7 +9,8 @@
 #include <limits>
 #include <stdexcept>
 
-#include "compression/orthogonalize.h"  // MGS and the fp32 GEMM, shared with the DP PowerSGD reducer
+#include "compression/orthogonalize.h"  // MGS, shared with the DP PowerSGD reducer
+#include "kernels/gemm.h"                // the fp32 GEMM (oneDNN)
 
 namespace optcc {
 

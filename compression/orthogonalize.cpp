@@ -1,6 +1,5 @@
 #include "compression/orthogonalize.h"
 
-#include <dlfcn.h>
 
 #include <algorithm>
 #include <cmath>
@@ -167,45 +166,6 @@ void mgs_tensor_ops(torch::Tensor& m, double eps) {
   }
 }
 
-// --- GEMM ------------------------------------------------------------------------------------
-
-// oneDNN's C API (dnnl.h), row-major: C := alpha·op(A)·op(B) + beta·C; returns dnnl_success (0).
-using DnnlSgemm = int (*)(char transa, char transb, int64_t m, int64_t n, int64_t k, float alpha,
-                          const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
-                          int64_t ldc);
-
-DnnlSgemm dnnl_sgemm_fn() {
-  static const DnnlSgemm fn = []() -> DnnlSgemm {
-    const char* env = std::getenv("OPTCC_LOWRANK_GEMM");
-    if (env != nullptr && std::strcmp(env, "aten") == 0) return nullptr;
-    return reinterpret_cast<DnnlSgemm>(dlsym(RTLD_DEFAULT, "dnnl_sgemm"));
-  }();
-  return fn;
-}
-
-/// Row-major description of a 2-D operand [r, c]: 'N' with ld = stride(0), or 'T' (it is the
-/// transpose of a row-major [c, r]) with ld = stride(1); 0 when neither fits.
-char layout(const torch::Tensor& t, int64_t& ld) {
-  const int64_t r = t.size(0), c = t.size(1);
-  if (t.stride(1) == 1 && t.stride(0) >= std::max<int64_t>(1, c)) {
-    ld = t.stride(0);
-    return 'N';
-  }
-  if (t.stride(0) == 1 && t.stride(1) >= std::max<int64_t>(1, r)) {
-    ld = t.stride(1);
-    return 'T';
-  }
-  return 0;
-}
-
-void aten_mm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, float alpha, float beta) {
-  if (alpha == 1.0f && beta == 0.0f) {
-    at::mm_out(out, a, b);
-  } else {
-    out.addmm_(a, b, beta, alpha);
-  }
-}
-
 }  // namespace
 
 void orthogonalize_mgs_(torch::Tensor& m, double eps) {
@@ -269,36 +229,6 @@ int64_t refill_zero_columns_(torch::Tensor& q, at::Generator& gen, const std::fu
   q.index_copy_(1, idx.to(q.device()), fresh);
   orth(q);
   return z;
-}
-
-void mm_f32_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, float alpha, float beta) {
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2 && a.size(1) == b.size(0) &&
-                  out.size(0) == a.size(0) && out.size(1) == b.size(1),
-              "mm_f32_out: shapes ", a.sizes(), " x ", b.sizes(), " -> ", out.sizes());
-  TORCH_CHECK(a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat &&
-                  out.scalar_type() == torch::kFloat,
-              "mm_f32_out: needs fp32 tensors");
-  torch::NoGradGuard no_grad;
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  const DnnlSgemm sgemm = dnnl_sgemm_fn();
-  if (sgemm == nullptr || !a.is_cpu() || !b.is_cpu() || !out.is_cpu() || m == 0 || n == 0 || k == 0) {
-    aten_mm(out, a, b, alpha, beta);
-    return;
-  }
-  int64_t lda = 0, ldb = 0, ldc = 0;
-  const torch::Tensor ac = layout(a, lda) ? a : a.contiguous();
-  const torch::Tensor bc = layout(b, ldb) ? b : b.contiguous();
-  const char ta = layout(ac, lda), tb = layout(bc, ldb);
-  const bool direct = layout(out, ldc) == 'N';
-  torch::Tensor c = direct ? out : (beta == 0.0f ? torch::empty({m, n}, out.options()) : out.contiguous());
-  if (!direct) ldc = n;
-  const int status = sgemm(ta, tb, m, n, k, alpha, ac.data_ptr<float>(), lda, bc.data_ptr<float>(), ldb, beta,
-                           c.data_ptr<float>(), ldc);
-  if (status != 0) {  // not expected; oneDNN rejected the call: let ATen do it
-    aten_mm(out, a, b, alpha, beta);
-    return;
-  }
-  if (!direct) out.copy_(c);
 }
 
 }  // namespace optcc

@@ -50,13 +50,4 @@ void orthogonalize_qr_(torch::Tensor& m);
 /// the generator state), then `orth` orthogonalises q again. Returns z. One host sync.
 int64_t refill_zero_columns_(torch::Tensor& q, at::Generator& gen, const std::function<void(torch::Tensor&)>& orth);
 
-/// out := beta·out + alpha·(a·b) for 2-D fp32 tensors a [m, k], b [k, n], out [m, n] (beta = 0:
-/// out is not read). a and b may be transposed views (one unit stride); out must not overlap a or
-/// b. On CPU it calls oneDNN's dnnl_sgemm when LibTorch has it loaded (found at run time; on
-/// these tall-skinny shapes it is 1.2–1.6× faster than OpenBLAS on one thread), else at::mm_out /
-/// addmm_. oneDNN runs on LibTorch's intra-op (OpenMP) threads. The environment variable
-/// OPTCC_LOWRANK_GEMM=aten forces the at:: path.
-void mm_f32_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, float alpha = 1.0f,
-                float beta = 0.0f);
-
 }  // namespace optcc

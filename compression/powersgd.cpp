@@ -7,6 +7,7 @@
 
 #include "compression/options.h"
 #include "compression/orthogonalize.h"
+#include "kernels/gemm.h"
 
 namespace optcc {
 namespace {

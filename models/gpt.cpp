@@ -1,5 +1,6 @@
 #include "models/gpt.h"
 #include "models/flops.h"
+#include "kernels/gemm.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -124,7 +125,7 @@ torch::Tensor GptModelImpl::run_layers(torch::Tensor x) {
 torch::Tensor GptModelImpl::head_loss(const torch::Tensor& x, const torch::Tensor& labels) {
   TORCH_CHECK(stage_.is_last, "head_loss() called on a stage without the output layer");
   if (tp_size(tp_) == 1) {  // one rank: logits over the true vocabulary only (no padded columns)
-    auto logits = torch::matmul(final_ln(x), embedding->weight.narrow(0, 0, opt_.vocab_size).t());
+    auto logits = gemm_linear(final_ln(x), embedding->weight.narrow(0, 0, opt_.vocab_size));  // x·Eᵀ
     return F::cross_entropy(logits.reshape({-1, opt_.vocab_size}), labels.t().reshape({-1}));
   }
   auto logits = parallel_lm_logits(final_ln(x), embedding->weight, tp_);  // [s, b, Vp/t]

@@ -1,4 +1,5 @@
 #include "models/tensor_parallel.h"
+#include "kernels/gemm.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -168,7 +169,7 @@ TpSplit ColumnParallelLinearImpl::split_of(const std::string& parameter) {
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
-  auto y = F::linear(copy_to_tp_region(x, tp_), weight, bias);  // [.., out/t]
+  auto y = gemm_linear(copy_to_tp_region(x, tp_), weight, bias);  // [.., out/t]
   return gather_output_ ? gather_from_tp_region(y, tp_) : y;
 }
 
@@ -190,9 +191,9 @@ TpSplit RowParallelLinearImpl::split_of(const std::string& parameter) {
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
-  if (trivial(tp_)) return F::linear(x, weight, bias);  // one rank: the fused GEMM + bias
+  if (trivial(tp_)) return gemm_linear(x, weight, bias);  // one rank: the GEMM with the bias
   auto x_local = input_is_parallel_ ? x : scatter_to_tp_region(x, tp_);  // [.., in/t]
-  return reduce_from_tp_region(F::linear(x_local, weight), tp_) + bias;  // bias once, after the sum
+  return reduce_from_tp_region(gemm_linear(x_local, weight), tp_) + bias;  // bias once, after the sum
 }
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t padded_vocab, int64_t hidden, Communicator* tp,
@@ -245,7 +246,7 @@ torch::Tensor parallel_lm_logits(const torch::Tensor& x, const torch::Tensor& wo
   TORCH_CHECK(word_embedding_local.dim() == 2 && x.size(-1) == word_embedding_local.size(1),
               "parallel_lm_logits: x [.., ", x.size(-1), "] does not match the embedding shard ",
               word_embedding_local.sizes());
-  return F::linear(copy_to_tp_region(x, tp), word_embedding_local);  // [.., Vp/t]
+  return gemm_linear(copy_to_tp_region(x, tp), word_embedding_local);  // [.., Vp/t]
 }
 
 }  // namespace optcc

@@ -8,6 +8,7 @@ PACKAGES=(
   build-essential cmake pkg-config ccache git ca-certificates
   libtorch-dev            # LibTorch 1.13 (CPU) with c10d/Gloo headers
   libopenblas0-pthread    # makes LibTorch's BLAS OpenBLAS instead of the 3-10x slower reference BLAS
+  libdnnl-dev             # oneDNN: the fp32 GEMM of the linear layers and low-rank codecs (kernels/gemm.h)
   libgloo-dev             # Gloo process groups (multi-rank on CPU)
   libhdf5-dev             # HDF5 C++ API for results
   libyaml-cpp-dev libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev

@@ -3,11 +3,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 
 #include "harness/train/optimizer.h"
 #include "harness/parallel/threads.h"
 #include "harness/train/trainer.h"
+#include "kernels/gemm.h"
 #include "models/gpt.h"
 
 namespace optcc {
@@ -24,22 +26,40 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-double gemm_gflops(int64_t n) {
-  auto a = torch::randn({n, n});
-  auto b = torch::randn({n, n});
-  auto c = torch::mm(a, b);  // warm-up
+// The forward GEMMs of one micro-batch, as the model's linear layers run them (x [b·s, in] times
+// wᵀ, w [out, in]): qkv, proj, fc1, fc2 and the output layer. Backward GEMMs have the same sizes.
+std::vector<std::array<int64_t, 3>> model_gemm_shapes(const GptOptions& o, int64_t micro_batch) {
+  const int64_t rows = micro_batch * o.seq_len, h = o.hidden_size;
+  return {{rows, h, 3 * h}, {rows, h, h}, {rows, h, 4 * h}, {rows, 4 * h, h}, {rows, h, o.vocab_size}};
+}
+
+// GFLOP/s of `lib` over `shapes` (each m x k times the transpose of an [n, k] weight): total FLOPs
+// over the median time of 5 passes through all shapes, after one untimed pass.
+double gemm_gflops(GemmLibrary lib, const std::vector<std::array<int64_t, 3>>& shapes) {
+  std::vector<torch::Tensor> xs, ws, ys;
+  double flops = 0;
+  for (const auto& [m, k, n] : shapes) {
+    xs.push_back(torch::randn({m, k}));
+    ws.push_back(torch::randn({n, k}));
+    ys.push_back(torch::empty({m, n}));
+    flops += 2.0 * double(m) * double(k) * double(n);
+  }
+  auto pass = [&] {
+    for (size_t i = 0; i < shapes.size(); ++i) mm_f32_out_with(lib, ys[i], xs[i], ws[i].t());
+  };
+  pass();
   std::vector<double> times;
   for (int i = 0; i < 5; ++i) {
     auto t0 = Clock::now();
-    torch::mm_out(c, a, b);
+    pass();
     times.push_back(seconds_since(t0));
   }
-  return 2.0 * n * n * n / median(times) / 1e9;
+  return flops / median(times) / 1e9;
 }
 
 }  // namespace
 
-StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t threads, int64_t gemm_size) {
+StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t threads) {
   if (cfg.model.vocab_size == 0) {
     try {
       resolve_vocab(cfg);
@@ -74,7 +94,12 @@ StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t th
   r.step_seconds = median(times);
   r.tokens_per_second = cfg.train.global_batch_size * o.seq_len / r.step_seconds;
   r.model_gflops = gpt_train_flops(o, cfg.train.global_batch_size) / r.step_seconds / 1e9;
-  r.gemm_gflops = gemm_gflops(gemm_size);
+  r.linear_library = gemm_library();
+  for (GemmLibrary lib : gemm_libraries()) {
+    const double g = gemm_gflops(lib, model_gemm_shapes(o, cfg.train.micro_batch_size));
+    r.gemm.push_back({gemm_library_name(lib), g});
+    if (g > r.gemm_gflops) r.gemm_gflops = g, r.gemm_library = gemm_library_name(lib);
+  }
   r.ratio = r.model_gflops / r.gemm_gflops;
   return r;
 }

@@ -1,8 +1,13 @@
 // `optcc bench step`: times the training step of a config on this machine and relates it to the
-// machine's fp32 GEMM speed measured in the same run.
+// machine's fp32 GEMM speed measured in the same run: every GEMM library of this build
+// (kernels/gemm.h: ATen on LibTorch's BLAS, oneDNN) at the model's own forward GEMM shapes
+// (qkv, proj, fc1, fc2, output layer on one micro-batch), the best of them as the reference.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "harness/config/config.h"
 
@@ -12,7 +17,10 @@ struct StepBenchResult {
   double step_seconds = 0;       // median over timed steps, s
   double tokens_per_second = 0;  // global_batch_size * seq_len / step_seconds
   double model_gflops = 0;       // achieved: gpt_train_flops / step_seconds / 1e9
-  double gemm_gflops = 0;        // fp32 square GEMM (n = gemm_size), median, GFLOP/s
+  double gemm_gflops = 0;        // the best library's fp32 GEMM rate at the model's shapes, GFLOP/s
+  std::string gemm_library;      // ... and its name
+  std::vector<std::pair<std::string, double>> gemm;  // every library: name, GFLOP/s
+  std::string linear_library;    // what the model's linear layers ran on (kernels/gemm.h gemm_library())
   double ratio = 0;              // model_gflops / gemm_gflops; near 1 = GEMM-bound at full speed
   int64_t threads = 0;
 };
@@ -20,6 +28,6 @@ struct StepBenchResult {
 /// Runs `warmup` untimed and `steps` timed training steps of `cfg` on random tokens (no data files
 /// needed; model.vocab_size 0 falls back to the dataset's, then to data.vocab_size). Sets the
 /// intra-op thread count to `threads` (0 = cfg's). Single process; all ranks' work in one.
-StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t threads, int64_t gemm_size = 2048);
+StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t threads);
 
 }  // namespace optcc

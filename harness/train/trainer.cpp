@@ -32,6 +32,7 @@
 #include "harness/parallel/nic_table.h"  // monotonic_ns
 #include "harness/parallel/timeline.h"
 #include "harness/train/timeline_records.h"
+#include "kernels/gemm.h"
 
 namespace optcc {
 namespace fs = std::filesystem;
@@ -554,9 +555,10 @@ void Trainer::log_start() const {
                cfg_.model.vocab_size, cfg_.padded_vocab_size(), cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.dp,
                stage_layers_text(cfg_));
   if (d_.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d_.env.source, rank_table(d_));
-  spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}; results -> {}",
+  spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}, fp32 "
+               "GEMMs: {}; results -> {}",
                cfg_.train.train_steps, cfg_.train.global_batch_size, m_, cfg_.train.micro_batch_size,
-               at::get_num_threads(), summary_.results_path);
+               at::get_num_threads(), gemm_library(), summary_.results_path);
   spdlog::info("compression{}: dp={} (stages c = compressed: [{}]), embedding={}{}, pipeline fwd={} bwd={} ({}, lep {}), tp={}",
                comp.scheme.empty() ? "" : " (scheme " + comp.scheme + ")", to_yaml_value(comp.dp), sc_stages_,
                to_yaml_value(comp.embedding), comp.fused_embedding ? " fused (FE)" : "",

@@ -118,6 +118,7 @@
 #include "compression/act_codec.h"
 #include "compression/grad_reducer.h"
 #include "compression/orthogonalize.h"
+#include "kernels/gemm.h"
 #include "compression/registry.h"
 #include "harness/parallel/communicator.h"
 #include "models/presets.h"

@@ -1,0 +1,179 @@
+#include "kernels/gemm.h"
+
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#ifdef OPTCC_HAVE_DNNL
+#include <dnnl.h>
+#endif
+
+namespace optcc {
+namespace {
+
+bool forced_aten() {
+  static const bool forced = [] {
+    const char* env = std::getenv("OPTCC_GEMM");
+    return env != nullptr && std::strcmp(env, "aten") == 0;
+  }();
+  return forced;
+}
+
+/// Row-major description of a 2-D operand [r, c]: 'N' with ld = stride(0), or 'T' (it is the
+/// transpose of a row-major [c, r]) with ld = stride(1); 0 when neither fits.
+char layout(const torch::Tensor& t, int64_t& ld) {
+  const int64_t r = t.size(0), c = t.size(1);
+  if (t.stride(1) == 1 && t.stride(0) >= std::max<int64_t>(1, c)) {
+    ld = t.stride(0);
+    return 'N';
+  }
+  if (t.stride(0) == 1 && t.stride(1) >= std::max<int64_t>(1, r)) {
+    ld = t.stride(1);
+    return 'T';
+  }
+  return 0;
+}
+
+void aten_mm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, float alpha, float beta) {
+  if (alpha == 1.0f && beta == 0.0f) {
+    at::mm_out(out, a, b);
+  } else {
+    out.addmm_(a, b, beta, alpha);
+  }
+}
+
+#ifdef OPTCC_HAVE_DNNL
+// oneDNN's row-major sgemm on CPU operands (any layout; copies what has no unit stride). False when
+// oneDNN refused the call (then nothing was written).
+bool dnnl_mm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, float alpha, float beta) {
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  const torch::Tensor ac = layout(a, lda) ? a : a.contiguous();
+  const torch::Tensor bc = layout(b, ldb) ? b : b.contiguous();
+  const char ta = layout(ac, lda), tb = layout(bc, ldb);
+  const bool direct = layout(out, ldc) == 'N';
+  torch::Tensor c = direct ? out : (beta == 0.0f ? torch::empty({m, n}, out.options()) : out.contiguous());
+  if (!direct) ldc = n;
+  const dnnl_status_t status = dnnl_sgemm(ta, tb, m, n, k, alpha, ac.data_ptr<float>(), lda, bc.data_ptr<float>(),
+                                          ldb, beta, c.data_ptr<float>(), ldc);
+  if (status != dnnl_success) return false;
+  if (!direct) out.copy_(c);
+  return true;
+}
+#endif
+
+// y = x·wᵀ (+ b) and its gradients through mm_f32_out; x2 [rows, in] is x flattened. Without a
+// bias, b is an empty placeholder (LibTorch 1.13's Function::apply cannot take undefined inputs).
+struct GemmLinear : torch::autograd::Function<GemmLinear> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x2, const torch::Tensor& w,
+                               const torch::Tensor& b) {
+    ctx->save_for_backward({x2, w});
+    const bool has_bias = b.numel() > 0;
+    ctx->saved_data["has_bias"] = has_bias;
+    auto y = torch::empty({x2.size(0), w.size(0)}, x2.options());  // [rows, out]
+    if (has_bias) y.copy_(b.unsqueeze(0).expand_as(y));
+    mm_f32_out(y, x2, w.t(), 1.0f, has_bias ? 1.0f : 0.0f);
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& x2 = saved[0];
+    const auto& w = saved[1];
+    const torch::Tensor g = grads[0].contiguous();  // [rows, out]
+    torch::Tensor dx, dw, db;
+    if (ctx->needs_input_grad(0)) {
+      dx = torch::empty_like(x2, at::MemoryFormat::Contiguous);
+      mm_f32_out(dx, g, w);  // [rows, out] x [out, in]
+    }
+    if (ctx->needs_input_grad(1)) {
+      dw = torch::empty({w.size(0), w.size(1)}, w.options());
+      mm_f32_out(dw, g.t(), x2);  // [out, rows] x [rows, in]
+    }
+    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = g.sum(0);
+    return {dx, dw, db};
+  }
+};
+
+}  // namespace
+
+static void check_mm(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && out.dim() == 2 && a.size(1) == b.size(0) &&
+                  out.size(0) == a.size(0) && out.size(1) == b.size(1),
+              "mm_f32_out: shapes ", a.sizes(), " x ", b.sizes(), " -> ", out.sizes());
+  TORCH_CHECK(a.scalar_type() == torch::kFloat && b.scalar_type() == torch::kFloat &&
+                  out.scalar_type() == torch::kFloat,
+              "mm_f32_out: needs fp32 tensors");
+}
+
+std::string gemm_library_name(GemmLibrary lib) {
+#ifdef OPTCC_HAVE_DNNL
+  if (lib == GemmLibrary::kOneDnn) {
+    const dnnl_version_t* v = dnnl_version();
+    return fmt::format("oneDNN {}.{}.{}", v->major, v->minor, v->patch);
+  }
+#endif
+  return lib == GemmLibrary::kOneDnn ? "oneDNN (not in this build)" : "ATen at::mm (LibTorch's BLAS)";
+}
+
+std::vector<GemmLibrary> gemm_libraries() {
+#ifdef OPTCC_HAVE_DNNL
+  return {GemmLibrary::kAten, GemmLibrary::kOneDnn};
+#else
+  return {GemmLibrary::kAten};
+#endif
+}
+
+void mm_f32_out_with(GemmLibrary lib, torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, float alpha,
+                     float beta) {
+  check_mm(out, a, b);
+  torch::NoGradGuard no_grad;
+  if (lib == GemmLibrary::kAten) return aten_mm(out, a, b, alpha, beta);
+#ifdef OPTCC_HAVE_DNNL
+  if (a.is_cpu() && b.is_cpu() && out.is_cpu() && dnnl_mm(out, a, b, alpha, beta)) return;
+#endif
+  throw std::invalid_argument("mm_f32_out_with: " + gemm_library_name(lib) + " cannot run this GEMM");
+}
+
+bool gemm_uses_onednn() {
+#ifdef OPTCC_HAVE_DNNL
+  return !forced_aten();
+#else
+  return false;
+#endif
+}
+
+std::string gemm_library() {
+  if (gemm_uses_onednn()) return gemm_library_name(GemmLibrary::kOneDnn);
+  return gemm_library_name(GemmLibrary::kAten) + (forced_aten() ? " (OPTCC_GEMM=aten)" : "");
+}
+
+void mm_f32_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, float alpha, float beta) {
+  check_mm(out, a, b);
+  torch::NoGradGuard no_grad;
+#ifdef OPTCC_HAVE_DNNL
+  const bool cpu = a.is_cpu() && b.is_cpu() && out.is_cpu();
+  if (cpu && gemm_uses_onednn() && a.numel() > 0 && b.numel() > 0 && out.numel() > 0 &&
+      dnnl_mm(out, a, b, alpha, beta)) {
+    return;
+  }
+#endif
+  aten_mm(out, a, b, alpha, beta);
+}
+
+torch::Tensor gemm_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
+  const bool fast = gemm_uses_onednn() && x.is_cpu() && w.is_cpu() && x.scalar_type() == torch::kFloat &&
+                    w.scalar_type() == torch::kFloat && (!b.defined() || b.scalar_type() == torch::kFloat) &&
+                    x.dim() >= 1 && w.dim() == 2 && x.numel() > 0;
+  if (!fast) return torch::nn::functional::linear(x, w, b);
+  TORCH_CHECK(x.size(-1) == w.size(1), "gemm_linear: x [.., ", x.size(-1), "] does not match w ", w.sizes());
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = w.size(0);
+  const torch::Tensor bias = b.defined() ? b : torch::empty({0}, w.options());
+  return GemmLinear::apply(x.reshape({-1, x.size(-1)}), w, bias).view(shape);
+}
+
+}  // namespace optcc

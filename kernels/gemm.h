@@ -1,0 +1,51 @@
+// kernels/: the fp32 GEMM that the model's linear layers and the low-rank compressors run on
+// (issue 14). Below models/ and compression/, which both use it; includes nothing of optcc.
+//
+// On CPU every fp32 GEMM here goes through oneDNN's dnnl_sgemm (Debian's libdnnl-dev, found by
+// CMake; OPTCC_HAVE_DNNL) when it was found at build time: on this project's shapes (tokens x
+// hidden activations against [out, in] weights; tall-skinny low-rank factors) it is 1.2-1.7x
+// faster than LibTorch's at::mm on OpenBLAS, one thread (README "Speed"). Otherwise, on CUDA, or
+// for other dtypes: ATen (at::mm / F::linear), the same math within fp32 round-off. The choice is
+// made once per process; OPTCC_GEMM=aten in the environment forces ATen (to compare the two).
+// oneDNN runs on the OpenMP threads LibTorch's set_num_threads sets (harness/parallel/threads.h).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace optcc {
+
+/// The library running CPU fp32 GEMMs in this process: "oneDNN <version>" or
+/// "ATen at::mm (LibTorch's BLAS)", with " (OPTCC_GEMM=aten)" when the environment forced ATen.
+std::string gemm_library();
+
+/// True when CPU fp32 GEMMs go through oneDNN (built with it and not forced to ATen).
+bool gemm_uses_onednn();
+
+/// The CPU fp32 GEMM libraries this build can call.
+enum class GemmLibrary { kAten, kOneDnn };
+/// Its name as gemm_library() prints it ("ATen at::mm (LibTorch's BLAS)", "oneDNN 2.6.3").
+std::string gemm_library_name(GemmLibrary lib);
+/// The libraries this build has (ATen always; oneDNN when CMake found libdnnl-dev).
+std::vector<GemmLibrary> gemm_libraries();
+/// mm_f32_out through `lib` whatever the process-wide choice (benchmarks compare them). CPU only;
+/// throws std::invalid_argument when `lib` is not in this build.
+void mm_f32_out_with(GemmLibrary lib, torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
+                     float alpha = 1.0f, float beta = 0.0f);
+
+/// out := beta·out + alpha·(a·b) for 2-D fp32 tensors a [m, k], b [k, n], out [m, n] (beta = 0:
+/// out is not read). a and b may be transposed views (one unit stride) or anything else (then
+/// copied contiguous); out must not overlap a or b. No autograd. Any rank, any thread. Throws
+/// c10::Error on shape or dtype mismatch.
+void mm_f32_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b, float alpha = 1.0f,
+                float beta = 0.0f);
+
+/// y = x·wᵀ + b, as torch::nn::functional::linear, with autograd: x [.., in], w [out, in],
+/// b [out] or undefined; returns [.., out]. fp32 CPU tensors run the forward GEMM, the input
+/// gradient (dy·w) and the weight gradient (dyᵀ·x) through mm_f32_out; anything else is
+/// F::linear. The model's linear layers (models/tensor_parallel.h) and output layer use it.
+torch::Tensor gemm_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {});
+
+}  // namespace optcc
