@@ -98,6 +98,51 @@ struct GemmLinear : torch::autograd::Function<GemmLinear> {
   }
 };
 
+// out[i] = a[i]·b[i] for every matrix i of the leading dimensions (views, one GEMM each).
+void batched_mm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b) {
+  const int64_t batch_dims = a.dim() - 2;
+  int64_t n = 1;
+  for (int64_t d = 0; d < batch_dims; ++d) n *= a.size(d);
+  std::vector<int64_t> idx(static_cast<size_t>(batch_dims), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t rest = i;
+    for (int64_t d = batch_dims - 1; d >= 0; --d) idx[d] = rest % a.size(d), rest /= a.size(d);
+    torch::Tensor ai = a, bi = b, oi = out;
+    for (int64_t d = 0; d < batch_dims; ++d) ai = ai.select(0, idx[d]), bi = bi.select(0, idx[d]), oi = oi.select(0, idx[d]);
+    mm_f32_out(oi, ai, bi);
+  }
+}
+
+// c = a·b over batch dimensions and its gradients (da = g·bᵀ, db = aᵀ·g) through batched_mm.
+struct GemmBmm : torch::autograd::Function<GemmBmm> {
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& a, const torch::Tensor& b) {
+    ctx->save_for_backward({a, b});
+    std::vector<int64_t> shape(a.sizes().begin(), a.sizes().end());
+    shape.back() = b.size(-1);
+    auto c = torch::empty(shape, a.options());
+    batched_mm(c, a, b);
+    return c;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto& a = saved[0];
+    const auto& b = saved[1];
+    const torch::Tensor& g = grads[0];
+    torch::Tensor da, db;
+    if (ctx->needs_input_grad(0)) {
+      da = torch::empty(a.sizes(), a.options());
+      batched_mm(da, g, b.transpose(-2, -1));
+    }
+    if (ctx->needs_input_grad(1)) {
+      db = torch::empty(b.sizes(), b.options());
+      batched_mm(db, a.transpose(-2, -1), g);
+    }
+    return {da, db};
+  }
+};
+
 }  // namespace
 
 static void check_mm(const torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b) {
@@ -174,6 +219,20 @@ torch::Tensor gemm_linear(const torch::Tensor& x, const torch::Tensor& w, const 
   shape.back() = w.size(0);
   const torch::Tensor bias = b.defined() ? b : torch::empty({0}, w.options());
   return GemmLinear::apply(x.reshape({-1, x.size(-1)}), w, bias).view(shape);
+}
+
+}  // namespace optcc
+
+namespace optcc {
+
+torch::Tensor gemm_bmm(const torch::Tensor& a, const torch::Tensor& b) {
+  const bool fast = gemm_uses_onednn() && a.is_cpu() && b.is_cpu() && a.scalar_type() == torch::kFloat &&
+                    b.scalar_type() == torch::kFloat && a.dim() >= 3 && a.dim() == b.dim() &&
+                    a.sizes().slice(0, a.dim() - 2) == b.sizes().slice(0, b.dim() - 2) && a.numel() > 0 &&
+                    b.numel() > 0;
+  if (!fast) return torch::matmul(a, b);
+  TORCH_CHECK(a.size(-1) == b.size(-2), "gemm_bmm: a ", a.sizes(), " x b ", b.sizes());
+  return GemmBmm::apply(a, b);
 }
 
 }  // namespace optcc

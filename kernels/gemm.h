@@ -48,4 +48,11 @@ void mm_f32_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor&
 /// F::linear. The model's linear layers (models/tensor_parallel.h) and output layer use it.
 torch::Tensor gemm_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {});
 
+/// c = a·b over batch dimensions, as torch::matmul for equal batch shapes, with autograd: a
+/// [..., m, k], b [..., k, n] (the same leading dimensions, no broadcasting) -> [..., m, n]. fp32
+/// CPU tensors run one mm_f32_out per matrix, forward and both gradients, on views (transposed
+/// or strided last two dimensions need no copy); anything else is torch::matmul. The attention's
+/// two matmuls (models/gpt.cpp) use it.
+torch::Tensor gemm_bmm(const torch::Tensor& a, const torch::Tensor& b);
+
 }  // namespace optcc

@@ -53,11 +53,11 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   // [s, b, 3h/t] -> [s, b, heads/t, 3, hd] -> q, k, v each [b, heads/t, s, hd]
   auto qkv5 = qkv(x).view({s, b, local_heads_, 3, head_dim_}).permute({3, 1, 2, 0, 4});
   auto q = qkv5[0] * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
-  auto scores = torch::matmul(q, qkv5[1].transpose(-2, -1));  // [b, heads/t, s, s]
+  auto scores = gemm_bmm(q, qkv5[1].transpose(-2, -1));  // [b, heads/t, s, s]
   const auto& mask = s == causal_mask_.size(0) ? causal_mask_ : torch::ones({s, s}, torch::kBool).triu(1);
   scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
   auto probs = dropout_with(torch::softmax(scores, -1), dropout_, is_training(), rng_);
-  auto ctx = torch::matmul(probs, qkv5[2]);                                      // [b, heads/t, s, hd]
+  auto ctx = gemm_bmm(probs, qkv5[2]);                                          // [b, heads/t, s, hd]
   ctx = ctx.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * head_dim_});  // [s, b, h/t]
   return proj(ctx);
 }

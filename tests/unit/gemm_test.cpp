@@ -52,6 +52,25 @@ TEST(Gemm, MmMatchesAtenWithAlphaBetaAndTransposedViews) {
   EXPECT_THROW(mm_f32_out(c, a, a), c10::Error);  // [48, 20] x [48, 20]
 }
 
+TEST(Gemm, BatchedMatmulMatchesAtenOnPermutedViews) {
+  torch::manual_seed(5);
+  // as the attention: q, k from a permuted [s, b, heads, 3, hd] tensor, k transposed
+  auto qkv = torch::randn({12, 2, 3, 3, 8}).permute({3, 1, 2, 0, 4});  // [3, b, heads, s, hd]
+  auto run = [&](bool ours) {
+    auto x = qkv.detach().clone().requires_grad_(true);
+    auto q = x[0], k = x[1].transpose(-2, -1), v = x[2];
+    auto scores = ours ? gemm_bmm(q, k) : torch::matmul(q, k);  // [b, heads, s, s]
+    auto ctx = ours ? gemm_bmm(scores.softmax(-1), v) : torch::matmul(scores.softmax(-1), v);
+    (ctx * torch::linspace(-1, 1, ctx.numel()).view(ctx.sizes())).sum().backward();
+    return std::vector<torch::Tensor>{scores.detach(), ctx.detach(), x.grad()};
+  };
+  const auto ours = run(true), ref = run(false);
+  for (size_t i = 0; i < ours.size(); ++i) {
+    ASSERT_EQ(ours[i].sizes(), ref[i].sizes());
+    EXPECT_LT(rel_diff(ours[i], ref[i]), 1e-5) << "output " << i;
+  }
+}
+
 TEST(Gemm, LibraryIsNamed) {
   const std::string lib = gemm_library();
   EXPECT_TRUE(lib.rfind("oneDNN ", 0) == 0 || lib.rfind("ATen", 0) == 0) << lib;
