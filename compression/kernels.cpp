@@ -8,6 +8,15 @@
 #include <cmath>
 #include <cstring>
 
+// The hot loops are compiled twice on x86-64 Linux with GCC, for AVX2 and for the baseline
+// (SSE2), and the loader picks one per machine (ifunc): wider vectors where the CPU has them,
+// the same results either way (no FMA contraction: -ffp-contract=off).
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+#define OPTCC_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define OPTCC_SIMD_CLONES
+#endif
+
 namespace optcc::kernels {
 namespace {
 
@@ -26,7 +35,7 @@ inline float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
 
 // ---- checks and sums ---------------------------------------------------------------------------
 
-bool all_finite(const float* x, int64_t n) {
+OPTCC_SIMD_CLONES bool all_finite(const float* x, int64_t n) {
   uint32_t worst = 0;  // max over exponent fields: all ones means inf or NaN
   for (int64_t i = 0; i < n; ++i) {
     uint32_t e;
@@ -37,7 +46,7 @@ bool all_finite(const float* x, int64_t n) {
   return worst != 0x7f800000u;
 }
 
-double sum_abs(const float* x, int64_t n) {
+OPTCC_SIMD_CLONES double sum_abs(const float* x, int64_t n) {
   constexpr int64_t kBlock = 4096;
   double total = 0.0;
   for (int64_t b = 0; b < n; b += kBlock) {
@@ -55,37 +64,44 @@ double sum_abs(const float* x, int64_t n) {
   return total;
 }
 
-void min_max(const float* x, int64_t n, float* lo, float* hi) {
-  float a[kLanes], b[kLanes];
-  for (int j = 0; j < kLanes; ++j) a[j] = b[j] = x[0];
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const float v = x[i + j];
-      a[j] = v < a[j] ? v : a[j];
-      b[j] = v > b[j] ? v : b[j];
-    }
+namespace {
+
+// An order-preserving integer image of a float (an involution): negative floats get their
+// magnitude bits flipped, so signed integer order is float order (−0 just below +0; NaN at the
+// ends). Integer min/max reductions vectorise; float ones need -ffinite-math-only.
+inline int32_t ordered(int32_t b) { return b ^ ((b >> 31) & 0x7fffffff); }
+
+}  // namespace
+
+OPTCC_SIMD_CLONES void min_max(const float* x, int64_t n, float* lo, float* hi) {
+  int32_t first;
+  std::memcpy(&first, x, 4);
+  int32_t a = ordered(first), b = a;
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t k;
+    std::memcpy(&k, x + i, 4);
+    k = ordered(k);
+    a = k < a ? k : a;
+    b = k > b ? k : b;
   }
-  float l = a[0], h = b[0];
-  for (int j = 1; j < kLanes; ++j) l = a[j] < l ? a[j] : l, h = b[j] > h ? b[j] : h;
-  for (; i < n; ++i) l = x[i] < l ? x[i] : l, h = x[i] > h ? x[i] : h;
-  *lo = l;
-  *hi = h;
+  a = ordered(a), b = ordered(b);
+  std::memcpy(lo, &a, 4);
+  std::memcpy(hi, &b, 4);
 }
 
 // ---- element-wise --------------------------------------------------------------------------------
 
-void add_into(float* y, const float* x, int64_t n) {
+OPTCC_SIMD_CLONES void add_into(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += x[i];
 }
 
-void divide(float* y, int64_t n, float d) {
+OPTCC_SIMD_CLONES void divide(float* y, int64_t n, float d) {
   for (int64_t i = 0; i < n; ++i) y[i] /= d;
 }
 
 // ---- quantisation ---------------------------------------------------------------------------------
 
-void quantize(const float* x, int64_t n, float lo, float inv_scale, float levels, uint8_t* q) {
+OPTCC_SIMD_CLONES void quantize(const float* x, int64_t n, float lo, float inv_scale, float levels, uint8_t* q) {
   for (int64_t i = 0; i < n; ++i) {
     float v = (x[i] - lo) * inv_scale;
     v = v > 0.0f ? v : 0.0f;
@@ -94,15 +110,15 @@ void quantize(const float* x, int64_t n, float lo, float inv_scale, float levels
   }
 }
 
-void dequantize(const uint8_t* q, int64_t n, float scale, float lo, float* y) {
+OPTCC_SIMD_CLONES void dequantize(const uint8_t* q, int64_t n, float scale, float lo, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(q[i]) * scale + lo;
 }
 
-void pack_nibbles(const uint8_t* q, int64_t n, uint8_t* out) {
+OPTCC_SIMD_CLONES void pack_nibbles(const uint8_t* q, int64_t n, uint8_t* out) {
   for (int64_t i = 0; i < n / 2; ++i) out[i] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
 }
 
-void dequantize_nibbles(const uint8_t* p, int64_t pairs, float scale, float lo, float* y) {
+OPTCC_SIMD_CLONES void dequantize_nibbles(const uint8_t* p, int64_t pairs, float scale, float lo, float* y) {
   for (int64_t i = 0; i < pairs; ++i) {
     y[2 * i] = static_cast<float>(p[i] & 15) * scale + lo;
     y[2 * i + 1] = static_cast<float>(p[i] >> 4) * scale + lo;
@@ -118,7 +134,7 @@ inline uint32_t magnitude_key(const float* x, int64_t i) { return bits_of(x[i]) 
 
 // A key t with at least k keys of x at or above it, hopefully few more (0 when unsure).
 uint32_t candidate_threshold(const float* x, int64_t n, int64_t k) {
-  const int64_t s = std::min<int64_t>(n, 8192);
+  const int64_t s = std::min<int64_t>(n, 16384);
   const double expect = static_cast<double>(k) * static_cast<double>(s) / static_cast<double>(n);
   const auto m = static_cast<int64_t>(std::ceil(expect + 4.0 * std::sqrt(expect) + 8.0));
   if (n < 8 * s || m >= s) return 0;  // small or dense: every element is a candidate
@@ -128,10 +144,55 @@ uint32_t candidate_threshold(const float* x, int64_t n, int64_t k) {
   return sample[m - 1];
 }
 
-// The k-th largest key among `cand` (k ≤ cand.size()).
-uint32_t kth_key(const float* x, const std::vector<int64_t>& cand, int64_t k) {
-  std::vector<uint32_t> keys(cand.size());
-  for (size_t j = 0; j < cand.size(); ++j) keys[j] = magnitude_key(x, cand[j]);
+constexpr int64_t kChunk = 4096;  // elements per bitmask: 16 KB of x stays in L1/L2 for the scan
+
+}  // namespace
+
+// out[j] bit b = (key of x[8j + b] ≥ t) for 8j + b < n, higher bits of the last byte 0.
+OPTCC_SIMD_CLONES void threshold_bits(const float* __restrict x, int64_t n, uint32_t t, uint8_t* __restrict out) {
+  const int64_t full = n / 8;
+  for (int64_t j = 0; j < full; ++j) {
+    uint32_t byte = 0;
+    for (int b = 0; b < 8; ++b) byte |= static_cast<uint32_t>(magnitude_key(x, 8 * j + b) >= t) << b;
+    out[j] = static_cast<uint8_t>(byte);
+  }
+  if (n % 8) {
+    uint32_t byte = 0;
+    for (int64_t b = 0; b < n % 8; ++b) byte |= static_cast<uint32_t>(magnitude_key(x, 8 * full + b) >= t) << b;
+    out[full] = static_cast<uint8_t>(byte);
+  }
+}
+
+namespace {
+
+/// Candidates: indices with key ≥ t (increasing) and their keys.
+struct Candidates {
+  std::vector<int64_t> index;
+  std::vector<uint32_t> key;
+};
+
+// Collects every i with key ≥ t, chunk by chunk: a vectorised bitmask of the chunk, then its set
+// bits (x still cached) for the indices and keys.
+void collect_at_or_above(const float* x, int64_t n, uint32_t t, Candidates& cand) {
+  cand.index.clear(), cand.key.clear();
+  uint64_t words[kChunk / 64];
+  for (int64_t c = 0; c < n; c += kChunk) {
+    const int64_t len = std::min(kChunk, n - c);
+    std::memset(words, 0, sizeof(words));
+    threshold_bits(x + c, len, t, reinterpret_cast<uint8_t*>(words));  // little-endian: bit i of the chunk
+    for (int64_t w = 0; w < (len + 63) / 64; ++w) {
+      for (uint64_t m = words[w]; m; m &= m - 1) {
+        const int64_t i = c + 64 * w + __builtin_ctzll(m);
+        cand.index.push_back(i);
+        cand.key.push_back(magnitude_key(x, i));
+      }
+    }
+  }
+}
+
+// The k-th largest key among the candidates (k ≤ their number).
+uint32_t kth_key(const Candidates& cand, int64_t k) {
+  std::vector<uint32_t> keys = cand.key;
   std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<uint32_t>());
   return keys[k - 1];
 }
@@ -144,22 +205,19 @@ void select_topk_impl(const float* x, int64_t n, int64_t k, Index* idx) {
     return;
   }
   uint32_t t = candidate_threshold(x, n, k);
-  std::vector<int64_t> cand;  // in increasing index order
+  Candidates cand;
   for (int pass = 0; pass < 2; ++pass) {
-    cand.clear();
-    for (int64_t i = 0; i < n; ++i) {
-      if (magnitude_key(x, i) >= t) cand.push_back(i);
-    }
-    if (static_cast<int64_t>(cand.size()) >= k) break;
+    collect_at_or_above(x, n, t, cand);
+    if (static_cast<int64_t>(cand.index.size()) >= k) break;
     t = 0;  // the sample's threshold was too high: every element is a candidate
   }
-  const uint32_t kth = kth_key(x, cand, k);
+  const uint32_t kth = kth_key(cand, k);
   int64_t above = 0;
-  for (int64_t i : cand) above += magnitude_key(x, i) > kth;
+  for (uint32_t key : cand.key) above += key > kth;
   int64_t out = 0, ties = k - above;  // keys equal to kth: the first `ties` in index order
-  for (int64_t i : cand) {
-    const uint32_t key = magnitude_key(x, i);
-    if (key > kth || (key == kth && ties-- > 0)) idx[out++] = static_cast<Index>(i);
+  for (size_t j = 0; j < cand.index.size(); ++j) {
+    const uint32_t key = cand.key[j];
+    if (key > kth || (key == kth && ties-- > 0)) idx[out++] = static_cast<Index>(cand.index[j]);
   }
 }
 
@@ -170,7 +228,7 @@ void select_topk(const float* x, int64_t n, int64_t k, int32_t* idx) { select_to
 
 // ---- bits -----------------------------------------------------------------------------------------
 
-void pack_signs(const float* x, int64_t n, uint8_t* out) {
+OPTCC_SIMD_CLONES void pack_signs(const float* x, int64_t n, uint8_t* out) {
   const int64_t full = n / 8;
   for (int64_t j = 0; j < full; ++j) {
     uint32_t b = 0;
@@ -184,7 +242,7 @@ void pack_signs(const float* x, int64_t n, uint8_t* out) {
   }
 }
 
-void add_signed(const uint8_t* bits, int64_t n, float a, float* y) {
+OPTCC_SIMD_CLONES void add_signed(const uint8_t* bits, int64_t n, float a, float* y) {
   const int64_t full = n / 8;
   for (int64_t j = 0; j < full; ++j) {
     const uint32_t b = bits[j];
@@ -193,7 +251,7 @@ void add_signed(const uint8_t* bits, int64_t n, float a, float* y) {
   for (int64_t i = 8 * full; i < n; ++i) y[i] += ((bits[full] >> (i - 8 * full)) & 1u) ? a : -a;
 }
 
-void subtract_scaled_sign(float* x, int64_t n, float a) {
+OPTCC_SIMD_CLONES void subtract_scaled_sign(float* x, int64_t n, float a) {
   for (int64_t i = 0; i < n; ++i) x[i] -= x[i] >= 0.0f ? a : -a;
 }
 
@@ -210,8 +268,9 @@ inline uint32_t mix32(uint32_t x) {  // an invertible avalanche of 32 bits (xors
   return x;
 }
 
+// One avalanche round over a key-dependent bijection of i: different keys, different streams.
 inline float uniform_of(uint32_t k0, uint32_t k1, uint32_t i) {
-  return static_cast<float>(mix32(mix32(i ^ k0) + k1) >> 8) * 0x1p-24f;
+  return static_cast<float>(mix32((i ^ k1) + k0) >> 8) * 0x1p-24f;
 }
 
 }  // namespace
@@ -220,7 +279,7 @@ float counter_uniform(uint64_t key, uint64_t i) {
   return uniform_of(static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), static_cast<uint32_t>(i));
 }
 
-float qsgd_encode_bucket(const float* x, int64_t n, int s, uint64_t key, int64_t first, int8_t* code) {
+OPTCC_SIMD_CLONES float qsgd_encode_bucket(const float* x, int64_t n, int s, uint64_t key, int64_t first, int8_t* code) {
   float acc[kLanes] = {};
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -245,15 +304,15 @@ float qsgd_encode_bucket(const float* x, int64_t n, int s, uint64_t key, int64_t
   return norm;
 }
 
-void qsgd_decode(const int8_t* code, int64_t n, float norm, float s, float* y) {
+OPTCC_SIMD_CLONES void qsgd_decode(const int8_t* code, int64_t n, float norm, float s, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = (static_cast<float>(code[i]) * norm) / s;
 }
 
-void qsgd_add_decoded(const int8_t* code, int64_t n, float norm, float s, float* y) {
+OPTCC_SIMD_CLONES void qsgd_add_decoded(const int8_t* code, int64_t n, float norm, float s, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] += (static_cast<float>(code[i]) * norm) / s;
 }
 
-void qsgd_subtract_decoded(const int8_t* code, int64_t n, float norm, float s, float* x) {
+OPTCC_SIMD_CLONES void qsgd_subtract_decoded(const int8_t* code, int64_t n, float norm, float s, float* x) {
   for (int64_t i = 0; i < n; ++i) x[i] -= (static_cast<float>(code[i]) * norm) / s;
 }
 
