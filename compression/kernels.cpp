@@ -144,55 +144,61 @@ uint32_t candidate_threshold(const float* x, int64_t n, int64_t k) {
   return sample[m - 1];
 }
 
-constexpr int64_t kChunk = 4096;  // elements per bitmask: 16 KB of x stays in L1/L2 for the scan
+constexpr int64_t kChunk = 4096;  // elements per flag scan: 16 KB of x stays in L1/L2 for it
 
 }  // namespace
 
-// out[j] bit b = (key of x[8j + b] ≥ t) for 8j + b < n, higher bits of the last byte 0.
-OPTCC_SIMD_CLONES void threshold_bits(const float* __restrict x, int64_t n, uint32_t t, uint8_t* __restrict out) {
-  const int64_t full = n / 8;
-  for (int64_t j = 0; j < full; ++j) {
-    uint32_t byte = 0;
-    for (int b = 0; b < 8; ++b) byte |= static_cast<uint32_t>(magnitude_key(x, 8 * j + b) >= t) << b;
-    out[j] = static_cast<uint8_t>(byte);
-  }
-  if (n % 8) {
-    uint32_t byte = 0;
-    for (int64_t b = 0; b < n % 8; ++b) byte |= static_cast<uint32_t>(magnitude_key(x, 8 * full + b) >= t) << b;
-    out[full] = static_cast<uint8_t>(byte);
-  }
+// out[i] = 1 if the key of x[i] is ≥ t, else 0 (a compare and a pack: vectorises cheaply).
+OPTCC_SIMD_CLONES void threshold_flags(const float* __restrict x, int64_t n, uint32_t t, uint8_t* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(magnitude_key(x, i) >= t);
 }
 
 namespace {
 
-/// Candidates: indices with key ≥ t (increasing) and their keys.
+/// Candidates: indices with key ≥ t (increasing) and their keys, `count` of them.
 struct Candidates {
   std::vector<int64_t> index;
   std::vector<uint32_t> key;
+  int64_t count = 0;
+  void grow() {  // at least 4096 more slots
+    const size_t size = std::max<size_t>(2 * index.size(), index.size() + 4096);
+    index.resize(size), key.resize(size);
+  }
 };
 
-// Collects every i with key ≥ t, chunk by chunk: a vectorised bitmask of the chunk, then its set
-// bits (x still cached) for the indices and keys.
+// Collects every i with key ≥ t, chunk by chunk: a vectorised byte flag per element, then the
+// nonzero flags, 32 tested at a time (x still cached), for the indices and keys.
 void collect_at_or_above(const float* x, int64_t n, uint32_t t, Candidates& cand) {
-  cand.index.clear(), cand.key.clear();
-  uint64_t words[kChunk / 64];
+  cand.count = 0;
+  uint8_t flags[kChunk];
   for (int64_t c = 0; c < n; c += kChunk) {
     const int64_t len = std::min(kChunk, n - c);
-    std::memset(words, 0, sizeof(words));
-    threshold_bits(x + c, len, t, reinterpret_cast<uint8_t*>(words));  // little-endian: bit i of the chunk
-    for (int64_t w = 0; w < (len + 63) / 64; ++w) {
-      for (uint64_t m = words[w]; m; m &= m - 1) {
-        const int64_t i = c + 64 * w + __builtin_ctzll(m);
-        cand.index.push_back(i);
-        cand.key.push_back(magnitude_key(x, i));
+    threshold_flags(x + c, len, t, flags);
+    const int64_t padded = (len + 31) / 32 * 32;  // whole groups of 4 words
+    std::memset(flags + len, 0, static_cast<size_t>(padded - len));
+    if (static_cast<int64_t>(cand.index.size()) - cand.count < len) cand.grow();  // room for the chunk
+    int64_t* index = cand.index.data();
+    uint32_t* key = cand.key.data();
+    int64_t count = cand.count;
+    for (int64_t g = 0; g < padded; g += 32) {
+      uint64_t m[4];  // flag of element g + 8q + b in bit 8b of m[q] (little-endian)
+      std::memcpy(m, flags + g, 32);
+      if ((m[0] | m[1] | m[2] | m[3]) == 0) continue;  // the common case: no candidate among 32
+      for (int q = 0; q < 4; ++q) {
+        for (uint64_t w = m[q]; w; w &= w - 1) {
+          const int64_t i = c + g + 8 * q + __builtin_ctzll(w) / 8;
+          index[count] = i;
+          key[count++] = magnitude_key(x, i);
+        }
       }
     }
+    cand.count = count;
   }
 }
 
-// The k-th largest key among the candidates (k ≤ their number).
+// The k-th largest key among the candidates (k ≤ their count).
 uint32_t kth_key(const Candidates& cand, int64_t k) {
-  std::vector<uint32_t> keys = cand.key;
+  std::vector<uint32_t> keys(cand.key.begin(), cand.key.begin() + cand.count);
   std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<uint32_t>());
   return keys[k - 1];
 }
@@ -208,14 +214,14 @@ void select_topk_impl(const float* x, int64_t n, int64_t k, Index* idx) {
   Candidates cand;
   for (int pass = 0; pass < 2; ++pass) {
     collect_at_or_above(x, n, t, cand);
-    if (static_cast<int64_t>(cand.index.size()) >= k) break;
+    if (cand.count >= k) break;
     t = 0;  // the sample's threshold was too high: every element is a candidate
   }
   const uint32_t kth = kth_key(cand, k);
   int64_t above = 0;
-  for (uint32_t key : cand.key) above += key > kth;
+  for (int64_t j = 0; j < cand.count; ++j) above += cand.key[j] > kth;
   int64_t out = 0, ties = k - above;  // keys equal to kth: the first `ties` in index order
-  for (size_t j = 0; j < cand.index.size(); ++j) {
+  for (int64_t j = 0; j < cand.count; ++j) {
     const uint32_t key = cand.key[j];
     if (key > kth || (key == kth && ties-- > 0)) idx[out++] = static_cast<Index>(cand.index[j]);
   }
