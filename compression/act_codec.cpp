@@ -44,6 +44,40 @@ torch::Tensor ActCodec::last_error() const {
   return last_x_ - decode(last_payload_, last_x_.numel());
 }
 
+torch::Tensor ActCodec::output_buffer(int64_t numel, const torch::Device& device) const {
+  // use_count 1 on both the TensorImpl and the storage: no tensor or view outside this object
+  // (a view of out_ would hold another reference to the storage).
+  const bool free = out_.defined() && out_.use_count() == 1 && out_.storage().use_count() == 1;
+  if (!free || out_.numel() != numel || out_.device() != device) {
+    out_ = torch::empty({numel}, torch::dtype(torch::kFloat).device(device));
+  }
+  return out_;
+}
+
+torch::Tensor ActCodec::decode(const Payload& p, int64_t numel) const {
+  check_payload(p, numel);
+  torch::NoGradGuard no_grad;
+  if (auto same = decode_alias(p); same.defined()) return same;
+  auto out = output_buffer(numel, p.parts[0].device());
+  decode_impl(p, out);
+  return out;
+}
+
+void ActCodec::decode_into(const Payload& p, int64_t numel, torch::Tensor& out) const {
+  check_payload(p, numel);
+  if (!out.defined() || out.dim() != 1 || out.numel() != numel || out.scalar_type() != torch::kFloat ||
+      !out.is_contiguous() || out.device() != p.parts[0].device()) {
+    throw std::invalid_argument(fmt::format(
+        "{} codec: decode_into() needs a contiguous fp32 [{}] tensor on {}, got {}", name(), numel,
+        p.parts[0].device().str(),
+        out.defined() ? fmt::format("{} [{}] on {}", c10::toString(out.scalar_type()),
+                                    fmt::join(out.sizes(), ", "), out.device().str())
+                      : std::string("an undefined tensor")));
+  }
+  torch::NoGradGuard no_grad;
+  decode_impl(p, out);
+}
+
 int64_t ActCodec::payload_bytes(int64_t numel) const {
   const auto shapes = wire_shapes(numel);
   const auto dtypes = wire_dtypes(numel);

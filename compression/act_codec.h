@@ -54,9 +54,20 @@ class ActCodec {
   /// Parts may alias x (`none`) or the codec's state (lowrank's Q): treat them as read-only.
   Payload encode(const torch::Tensor& x);
   /// Decodes a payload of wire_shapes(numel) into a flat [numel] fp32 tensor on the parts' device
-  /// (fresh, except `none`, which returns its part). Stateless (the receiver keeps no state, spec §2.5). Throws std::invalid_argument on a
-  /// part count, shape or dtype mismatch.
-  virtual torch::Tensor decode(const Payload& p, int64_t numel) const = 0;
+  /// (`none` returns its part). Stateless as a codec (the receiver keeps no codec state, spec
+  /// §2.5), but the result is written into an output buffer the object keeps and reuses, so a
+  /// receive loop pays no page faults for a fresh full-size tensor on every message: a decode
+  /// reuses the buffer only when nothing outside the object still refers to its memory (every
+  /// tensor or view of an earlier result was dropped), and allocates a new one otherwise. So a
+  /// caller may keep a decoded tensor as long as it likes, it is never overwritten; holding it
+  /// across decodes just costs a fresh buffer per decode (today's cost). Not safe to call
+  /// concurrently on one object (neither is encode). Throws std::invalid_argument on a part
+  /// count, shape or dtype mismatch.
+  torch::Tensor decode(const Payload& p, int64_t numel) const;
+  /// The same decode written into `out`, the caller's buffer (e.g. a receive buffer it reuses):
+  /// flat [numel] fp32, contiguous, on the parts' device; std::invalid_argument otherwise or on a
+  /// payload mismatch. `none` copies its part into `out`.
+  void decode_into(const Payload& p, int64_t numel, torch::Tensor& out) const;
 
   /// The sender's error of the last encode: x − decode(encode(x)), flat [numel] fp32. Computed on
   /// demand (one decode). REQUIRES: an encode happened and its x was not modified in place since
@@ -83,10 +94,20 @@ class ActCodec {
  protected:
   /// The codec proper; `x` is 1-D fp32 (checked by encode()).
   virtual Payload encode_impl(const torch::Tensor& x) = 0;
-  /// Checks `p` against wire_shapes(numel) / wire_dtypes(numel); for decode() implementations.
+  /// The decode proper: `p` matches wire_shapes(numel) (checked), `out` is flat [numel] fp32,
+  /// contiguous, on the parts' device; every element of `out` must be written.
+  virtual void decode_impl(const Payload& p, torch::Tensor& out) const = 0;
+  /// For decode(): the part itself when the decode is the identity (`none`), else undefined.
+  virtual torch::Tensor decode_alias(const Payload& p) const { return {}; }
+  /// Checks `p` against wire_shapes(numel) / wire_dtypes(numel).
   void check_payload(const Payload& p, int64_t numel) const;
 
  private:
+  /// `out_` when nothing else refers to its memory and it fits, else a fresh [numel] fp32 buffer
+  /// (kept as the new `out_`).
+  torch::Tensor output_buffer(int64_t numel, const torch::Device& device) const;
+
+  mutable torch::Tensor out_;  // decode()'s reused output, [numel] fp32 (see decode())
   torch::Tensor last_x_;  // [numel] fp32, the caller's tensor (shallow)
   int64_t last_x_version_ = 0;
   Payload last_payload_;

@@ -8,8 +8,10 @@
 #include <functional>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
 #include "compression/orthogonalize.h"  // MGS, shared with the DP PowerSGD reducer
+#include "compression/raw_loops.h"
 #include "kernels/gemm.h"                // the fp32 GEMM (oneDNN)
 
 namespace optcc {
@@ -29,10 +31,11 @@ Payload CastCodec::encode_impl(const torch::Tensor& x) {
   return {{x.clamp(-top, top).to(dtype_).contiguous()}};  // (CPU has no clamp for Half)
 }
 
-torch::Tensor CastCodec::decode(const Payload& p, int64_t numel) const {
-  check_payload(p, numel);
-  return p.parts[0].to(torch::kFloat);  // `none`: the part itself, no copy
+torch::Tensor CastCodec::decode_alias(const Payload& p) const {
+  return dtype_ == torch::kFloat ? p.parts[0] : torch::Tensor();  // `none`: the part itself, no copy
 }
+
+void CastCodec::decode_impl(const Payload& p, torch::Tensor& out) const { out.copy_(p.parts[0]); }
 
 // --- lowrank (CB, spec §2) ----------------------------------------------------------------------
 
@@ -96,14 +99,11 @@ Payload LowRankCodec::encode_impl(const torch::Tensor& x) {
   return {{p, q_}};
 }
 
-torch::Tensor LowRankCodec::decode(const Payload& p, int64_t numel) const {
-  check_payload(p, numel);
-  torch::NoGradGuard no_grad;
+void LowRankCodec::decode_impl(const Payload& p, torch::Tensor& out) const {
   const auto& factor_p = p.parts[0];  // [rows, r]
   const auto& factor_q = p.parts[1];  // [cols, r]
-  auto out = torch::empty({factor_p.size(0), factor_q.size(0)}, factor_p.options());
-  mm_f32_out(out, factor_p, factor_q.t());
-  return out.view({numel});
+  auto m = out.view({factor_p.size(0), factor_q.size(0)});  // M̂ = P̂·Qᵀ straight into out
+  mm_f32_out(m, factor_p, factor_q.t());
 }
 
 void LowRankCodec::save(torch::serialize::OutputArchive& archive) const {
@@ -156,38 +156,105 @@ std::vector<torch::ScalarType> QuantCodec::wire_dtypes(int64_t) const {
   return {torch::kByte, torch::kFloat};
 }
 
-Payload QuantCodec::encode_impl(const torch::Tensor& x) {
-  const int64_t numel = x.numel();
-  const auto m = x.contiguous().view({rows(numel), hidden_});  // [rows, hidden]
-  const double levels = (1 << bits_) - 1;
-  const auto lo_row = std::get<0>(m.min(1, /*keepdim=*/true));  // [rows, 1]
-  const auto hi_row = std::get<0>(m.max(1, true));              // [rows, 1]
-  const auto scale = (hi_row - lo_row) / levels;
-  const auto safe = torch::where(scale > 0, scale, torch::ones_like(scale));  // constant row: q = 0
-  // A row with min < 0 < max gets the grid lo = −z·scale (z = round(−min/scale)), so 0 is on it
-  // and decodes to exactly 0: every element then decodes at least as close to itself as 0 is.
-  const auto straddles = torch::logical_and(lo_row < 0, hi_row > 0);
-  const auto lo = torch::where(straddles, -((-lo_row / safe).round() * scale), lo_row);  // [rows, 1]
-  auto q = ((m - lo) / safe).round_().clamp_(0, levels).to(torch::kByte);   // [rows, hidden]
-  auto meta = torch::cat({scale, lo}, 1);                                   // [rows, 2]
-  if (bits_ == 4) {
-    auto flat = q.view({-1});
-    if (numel % 2) flat = torch::cat({flat, torch::zeros({1}, flat.options())});
-    const auto pairs = flat.view({-1, 2});
-    q = pairs.select(1, 0) + pairs.select(1, 1) * 16;  // [ceil(numel/2)], both nibbles ≤ 15
-  }
-  return {{q, meta}};
+namespace {
+
+/// One row's grid (codecs.h, int8): scale = (max − min)/levels, lo = min, or the zero-point grid
+/// lo = −round(−min/scale)·scale when min < 0 < max. `safe`: scale, or 1 for a constant row.
+struct RowGrid {
+  float scale, lo, safe;
+};
+
+RowGrid row_grid(const float* x, int64_t n, float levels) {
+  float mn, mx;
+  kernels::min_max(x, n, &mn, &mx);
+  const float scale = (mx - mn) / levels;
+  const float safe = scale > 0 ? scale : 1.0f;  // constant row: q = 0
+  const float lo = mn < 0 && mx > 0 ? -(std::nearbyint(-mn / safe) * scale) : mn;
+  return {scale, lo, safe};
 }
 
-torch::Tensor QuantCodec::decode(const Payload& p, int64_t numel) const {
-  check_payload(p, numel);
-  torch::Tensor q = p.parts[0];
-  if (bits_ == 4) {
-    q = torch::stack({q.bitwise_and(15), q.__rshift__(4)}, 1).view({-1}).narrow(0, 0, numel);
+/// Runs fill(host) on `out` when it is a CPU tensor, else on a CPU tensor copied into it.
+template <class F>
+void fill_on_host(torch::Tensor& out, F fill) {
+  if (out.is_cpu()) return fill(out);
+  auto host = torch::empty(out.sizes(), out.options().device(torch::kCPU));
+  fill(host);
+  out.copy_(host);
+}
+
+/// int4 packing across rows: element 2i in the low nibble of byte i, whatever the row width.
+class NibbleWriter {
+ public:
+  explicit NibbleWriter(uint8_t* out) : out_(out) {}
+  void write(const uint8_t* q, int64_t n) {
+    if (n > 0 && carry_ >= 0) {
+      *out_++ = static_cast<uint8_t>(carry_ | (q[0] << 4));
+      ++q, --n, carry_ = -1;
+    }
+    kernels::pack_nibbles(q, n - n % 2, out_);
+    out_ += n / 2;
+    if (n % 2) carry_ = q[n - 1];
   }
-  const auto& meta = p.parts[1];
-  const auto scale = meta.narrow(1, 0, 1), lo = meta.narrow(1, 1, 1);  // [rows, 1]
-  return (q.reshape({rows(numel), hidden_}).to(torch::kFloat) * scale + lo).view({numel});
+  void finish() {
+    if (carry_ >= 0) *out_ = static_cast<uint8_t>(carry_);  // odd numel: the last high nibble is 0
+  }
+
+ private:
+  uint8_t* out_;
+  int carry_ = -1;  // a low nibble waiting for its pair (across a row boundary), or -1
+};
+
+/// y[0..n) = levels of elements [first, first + n) of an int4 payload, times scale plus lo.
+void dequantize_int4(const uint8_t* packed, int64_t first, int64_t n, float scale, float lo, float* y) {
+  if (n > 0 && first % 2) {  // starts on a high nibble
+    *y++ = static_cast<float>(packed[first / 2] >> 4) * scale + lo;
+    ++first, --n;
+  }
+  kernels::dequantize_nibbles(packed + first / 2, n / 2, scale, lo, y);
+  if (n % 2) y[n - 1] = static_cast<float>(packed[(first + n - 1) / 2] & 15) * scale + lo;
+}
+
+}  // namespace
+
+Payload QuantCodec::encode_impl(const torch::Tensor& x) {
+  const int64_t numel = x.numel(), n = rows(numel);
+  const auto host = x.to(torch::kCPU).contiguous();  // CPU loops; other devices go through a copy
+  const auto shapes = wire_shapes(numel);
+  auto q = torch::empty(shapes[0], torch::kByte);
+  auto meta = torch::empty({n, 2}, torch::kFloat);  // {scale, lo} per row
+  const float levels = static_cast<float>((1 << bits_) - 1);
+  const float* px = host.data_ptr<float>();
+  float* pm = meta.data_ptr<float>();
+  std::vector<uint8_t> row(bits_ == 4 ? hidden_ : 0);  // int4: one row's levels before packing
+  NibbleWriter nibbles(q.data_ptr<uint8_t>());
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = px + r * hidden_;
+    const RowGrid g = row_grid(xr, hidden_, levels);
+    pm[2 * r] = g.scale, pm[2 * r + 1] = g.lo;
+    uint8_t* dst = bits_ == 8 ? q.data_ptr<uint8_t>() + r * hidden_ : row.data();
+    kernels::quantize(xr, hidden_, g.lo, 1.0f / g.safe, levels, dst);
+    if (bits_ == 4) nibbles.write(row.data(), hidden_);
+  }
+  nibbles.finish();
+  return {{q.to(x.device()), meta.to(x.device())}};
+}
+
+void QuantCodec::decode_impl(const Payload& p, torch::Tensor& out) const {
+  const auto q = p.parts[0].to(torch::kCPU).contiguous();
+  const auto meta = p.parts[1].to(torch::kCPU).contiguous();
+  fill_on_host(out, [&](torch::Tensor& y) {
+    const uint8_t* pq = q.data_ptr<uint8_t>();
+    const float* pm = meta.data_ptr<float>();
+    float* py = y.data_ptr<float>();
+    for (int64_t r = 0; r < meta.size(0); ++r) {
+      const int64_t first = r * hidden_;
+      if (bits_ == 8) {
+        kernels::dequantize(pq + first, hidden_, pm[2 * r], pm[2 * r + 1], py + first);
+      } else {
+        dequantize_int4(pq, first, hidden_, pm[2 * r], pm[2 * r + 1], py + first);
+      }
+    }
+  });
 }
 
 // --- topk ---------------------------------------------------------------------------------------
@@ -208,13 +275,34 @@ std::vector<torch::ScalarType> TopKCodec::wire_dtypes(int64_t) const {
 }
 
 Payload TopKCodec::encode_impl(const torch::Tensor& x) {
-  const auto idx = std::get<1>(x.abs().topk(k_for(x.numel())));  // [k] int64, by |x| descending
-  return {{x.index_select(0, idx), idx}};
+  const auto host = x.to(torch::kCPU).contiguous();
+  const int64_t n = host.numel(), k = k_for(n);
+  auto idx = torch::empty({k}, torch::kLong);  // increasing index order
+  auto values = torch::empty({k}, torch::kFloat);
+  const float* px = host.data_ptr<float>();
+  int64_t* pi = idx.data_ptr<int64_t>();
+  float* pv = values.data_ptr<float>();
+  kernels::select_topk(px, n, k, pi);  // a threshold pass and nth_element on the candidates
+  for (int64_t j = 0; j < k; ++j) pv[j] = px[pi[j]];
+  return {{values.to(x.device()), idx.to(x.device())}};
 }
 
-torch::Tensor TopKCodec::decode(const Payload& p, int64_t numel) const {
-  check_payload(p, numel);
-  return torch::zeros({numel}, p.parts[0].options()).index_put_({p.parts[1]}, p.parts[0]);
+void TopKCodec::decode_impl(const Payload& p, torch::Tensor& out) const {
+  const auto values = p.parts[0].to(torch::kCPU).contiguous();
+  const auto idx = p.parts[1].to(torch::kCPU).contiguous();
+  fill_on_host(out, [&](torch::Tensor& y) {
+    const int64_t n = y.numel();
+    float* py = y.data_ptr<float>();
+    const float* pv = values.data_ptr<float>();
+    const int64_t* pi = idx.data_ptr<int64_t>();
+    std::fill(py, py + n, 0.0f);
+    for (int64_t j = 0; j < values.numel(); ++j) {
+      if (pi[j] < 0 || pi[j] >= n) {
+        throw std::invalid_argument(fmt::format("topk codec: payload index {} is outside [0, {})", pi[j], n));
+      }
+      py[pi[j]] = pv[j];
+    }
+  });
 }
 
 }  // namespace optcc

@@ -24,8 +24,9 @@
 //            Parts: P̂ [rows, r] fp32, Q [cols, r] fp32; 4·r·(rows+cols) bytes. A zero column of
 //            the warm-start Q is refilled from the generator (orthogonalize.h).
 //   int8     Per-row asymmetric quantisation of the [numel/hidden, hidden] view. Option: hidden
-//            (required). q = clamp(round((x − lo_row)/scale_row), 0, 255), scale_row = (max_row −
-//            min_row)/255, lo_row = min_row, except in a row with min_row < 0 < max_row, where
+//            (required). q = clamp(round((x − lo_row)·(1/scale_row)), 0, 255) (round half to
+//            even), scale_row = (max_row − min_row)/255, lo_row = min_row, except in a row with
+//            min_row < 0 < max_row, where
 //            lo_row = −round(−min_row/scale_row)·scale_row puts 0 on the grid (an integer zero
 //            point). Parts: q uint8 [rows, hidden], {scale, lo} fp32 [rows, 2]; decode q·scale + lo.
 //            Error ≤ scale/2 and ≤ |x| per element (plus fp32 rounding), so ‖error‖ ≤ ‖x‖ for any
@@ -35,7 +36,12 @@
 //            Parts: packed uint8 [ceil(numel/2)], {scale, min} fp32 [rows, 2].
 //   topk     Keeps the k largest |x|. Options: exactly one of fraction (0 < f ≤ 1, k =
 //            clamp(round(f·numel), 1, numel)) or count (k = min(count, numel)).
-//            Parts: values fp32 [k], indices int64 [k]; decode writes zeros elsewhere.
+//            Parts: values fp32 [k], indices int64 [k] in increasing order (ties at the k-th
+//            magnitude: the smallest indices; NaN ranks above +inf); decode writes zeros elsewhere
+//            and throws std::invalid_argument on an index outside [0, numel). Found by selection
+//            (a threshold pass and nth_element on the candidates, raw_loops.h), not a sort.
+// int8, int4 and topk run raw loops on the CPU (raw_loops.h); parts on another device go through
+// host copies.
 #pragma once
 
 #include "compression/act_codec.h"
@@ -49,11 +55,12 @@ class CastCodec : public ActCodec {
   std::string name() const override;
   std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const override { return {{numel}}; }
   torch::ScalarType wire_dtype() const override { return dtype_; }
-  torch::Tensor decode(const Payload& p, int64_t numel) const override;
   std::unique_ptr<ActCodec> clone() const override { return std::make_unique<CastCodec>(*this); }
 
  protected:
   Payload encode_impl(const torch::Tensor& x) override;
+  void decode_impl(const Payload& p, torch::Tensor& out) const override;
+  torch::Tensor decode_alias(const Payload& p) const override;
 
  private:
   torch::ScalarType dtype_;
@@ -77,7 +84,6 @@ class LowRankCodec : public ActCodec {
   std::string name() const override { return "lowrank"; }
   std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const override;
   torch::ScalarType wire_dtype() const override { return torch::kFloat; }
-  torch::Tensor decode(const Payload& p, int64_t numel) const override;
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
   /// {"q", [cols, r]} of wire_shapes(numel); held: {"q", q().sizes()} once Q exists.
@@ -91,6 +97,7 @@ class LowRankCodec : public ActCodec {
 
  protected:
   Payload encode_impl(const torch::Tensor& x) override;
+  void decode_impl(const Payload& p, torch::Tensor& out) const override;
 
  private:
   MatrixView view_;
@@ -108,11 +115,11 @@ class QuantCodec : public ActCodec {
   std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const override;
   torch::ScalarType wire_dtype() const override { return torch::kByte; }
   std::vector<torch::ScalarType> wire_dtypes(int64_t numel) const override;
-  torch::Tensor decode(const Payload& p, int64_t numel) const override;
   std::unique_ptr<ActCodec> clone() const override { return std::make_unique<QuantCodec>(*this); }
 
  protected:
   Payload encode_impl(const torch::Tensor& x) override;
+  void decode_impl(const Payload& p, torch::Tensor& out) const override;
 
  private:
   int64_t rows(int64_t numel) const;
@@ -128,12 +135,13 @@ class TopKCodec : public ActCodec {
   std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const override;
   torch::ScalarType wire_dtype() const override { return torch::kFloat; }
   std::vector<torch::ScalarType> wire_dtypes(int64_t) const override;
-  torch::Tensor decode(const Payload& p, int64_t numel) const override;
   int64_t k_for(int64_t numel) const;
   std::unique_ptr<ActCodec> clone() const override { return std::make_unique<TopKCodec>(*this); }
 
  protected:
   Payload encode_impl(const torch::Tensor& x) override;
+  /// Throws std::invalid_argument on an index outside [0, numel).
+  void decode_impl(const Payload& p, torch::Tensor& out) const override;
 
  private:
   double fraction_;

@@ -1,6 +1,6 @@
 // Internal to compression/'s element-wise reducers (elementwise_reducer.h and the four
 // *_reducer.cpp files): strict option reading, k of topk/randomk, counter-based generators and
-// byte views. Not part of any public contract.
+// message helpers. Not part of any public contract.
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 
 #include "compression/options.h"
@@ -62,18 +63,29 @@ inline uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// A 64-bit key for (a, b, c): seeds a generator or a counter-based stream (raw_loops.h).
+inline uint64_t stream_key(uint64_t a, int64_t b, uint64_t c) {
+  return splitmix64(splitmix64(splitmix64(a) ^ static_cast<uint64_t>(b)) ^ c);
+}
+
 // A fresh CPU generator for (a, b, c). mt19937 keeps 32 bits of the seed, so two triples share a
 // stream with probability 2^-32: harmless for sampling.
 inline at::Generator generator_for(uint64_t a, int64_t b, uint64_t c) {
-  const uint64_t s = splitmix64(splitmix64(splitmix64(a) ^ static_cast<uint64_t>(b)) ^ c);
-  return at::make_generator<at::CPUGeneratorImpl>(s);
+  return at::make_generator<at::CPUGeneratorImpl>(stream_key(a, b, c));
 }
 
-// ---- bytes --------------------------------------------------------------------------------------
+// ---- messages -----------------------------------------------------------------------------------
 
-// Bytes [at, at+4·count) of a gathered uint8 buffer as fp32 [count] (cloned: offsets need not be aligned).
-inline torch::Tensor floats_at(const torch::Tensor& bytes, int64_t at, int64_t count) {
-  return bytes.narrow(0, at, 4 * count).clone().view(torch::kFloat);
+// A collective's input on the gradients' device (a no-op on the CPU) and its result back on the
+// CPU, contiguous, for the raw loops.
+inline torch::Tensor to_device(const torch::Tensor& host, const torch::Device& device) { return host.to(device); }
+inline torch::Tensor to_host(const torch::Tensor& t) { return t.to(torch::kCPU).contiguous(); }
+
+// fp32 values at byte offset `at` of a message (memcpy: offsets need not be aligned).
+inline float float_at(const uint8_t* bytes, int64_t at) {
+  float f;
+  std::memcpy(&f, bytes + at, 4);
+  return f;
 }
 
 }  // namespace optcc::elementwise

@@ -11,13 +11,14 @@
 //      (bytes formula below) is ≥ 4·N, the payload of a raw fp32 all-reduce. The rule depends on
 //      N only (not on dp.size()), so the numerics do not depend on the group size. 1-D tensors get
 //      no special case; set min_numel to keep biases and norms raw.
-//   3. c_i := fp32(grad_i) flattened [N] + EF_i [N] (EF on). All internals fp32 whatever the grad
-//      dtype; the result is cast out into grad_i.
+//   3. c_i := fp32(grad_i) flattened [N] + EF_i [N] (EF on; computed in EF's storage). All
+//      internals fp32 on the CPU whatever the grad dtype and device (raw loops, raw_loops.h); the
+//      result is cast out into grad_i (written straight into it when it is contiguous fp32 CPU).
 //   4. compress every c_i, exchange the messages of all compressed tensors in ONE collective,
 //      decode every rank's message and sum them in group-rank order (so every rank computes the
 //      same bits), ÷ dp.
 //   5. raw tensors: ONE flat fp32 all-reduce [Σ N] (sum), ÷ dp (exact mean, as `none` in fp32).
-//   6. EF (on): EF_i := c_i − own_i, own_i = this rank's decoded message (local residual, the
+//   6. EF (on): EF_i := c_i − own_i in place, own_i = this rank's decoded message (local residual, the
 //      standard EF-SGD for compressors that are not linear: Stich et al. 2018; Karimireddy et al.
 //      2019). Raw tensors keep no EF.
 // records(): compressed = true for compressed tensors (rank field 0), sent_bytes = payload below,
@@ -53,7 +54,8 @@ class ElementwiseReducer : public GradReducer {
   /// StateMismatch when the list is not this reducer's (GradReducer::save), before any change.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
-  /// Residual of tensor i, flat [N] fp32; undefined if it never was compressed with EF.
+  /// Residual of tensor i, flat [N] fp32 on the CPU; undefined if it never was compressed with EF.
+  /// The reducer's own storage: the next reduce() updates it in place (clone() to keep a copy).
   torch::Tensor error(size_t i) const { return i < ef_.size() ? ef_[i] : torch::Tensor(); }
 
   int64_t error_feedback_bytes() const override {
@@ -68,22 +70,34 @@ class ElementwiseReducer : public GradReducer {
  protected:
   ElementwiseReducer(std::string kind, bool error_feedback, int64_t min_numel);
 
-  /// One compressed tensor of a call: index in grads, compensated input, own decoded message.
+  /// One compressed tensor of a call. Both tensors are flat [N] fp32, contiguous, on the CPU.
   struct Item {
-    size_t index = 0;
-    torch::Tensor c;    // [N] fp32, grad + EF (read only)
-    torch::Tensor own;  // [N] fp32, this rank's decoded message (set by exchange)
-    torch::Tensor out;  // [N] fp32, Σ over ranks (rank order) of decoded messages ÷ dp (set by exchange)
+    size_t index = 0;  // in grads
+    /// grad + EF. With error feedback on, this IS the EF storage: exchange must leave the
+    /// residual c − own in it (own: this rank's decoded message). With it off, c may be the same
+    /// memory as out: exchange reads c only before its collective.
+    torch::Tensor c;
+    /// Where exchange writes Σ over ranks (rank order) of the decoded messages ÷ dp: the
+    /// gradient's own memory when it is a contiguous fp32 CPU tensor, else a buffer copied back.
+    torch::Tensor out;
+    torch::Device device = torch::kCPU;  // the gradient's: where the collective runs
   };
-  /// Compresses every item's c, runs the ONE collective on `dp` for all of them, fills own and out.
+  /// Compresses every item's c (and, with EF, turns it into the residual), runs the ONE collective
+  /// on `dp` for all of them (messages moved to the gradients' device and back), fills out.
   virtual void exchange(std::vector<Item>& items, Communicator& dp, int64_t step) = 0;
+  /// Throws std::invalid_argument when tensor `index` of `numel` elements cannot be compressed;
+  /// called for every compressed tensor before anything changes. Default: every size can.
+  virtual void check_compressible(size_t index, int64_t numel) const {}
 
   const std::string kind_;  // registry name, prefix of errors and archive keys
   const bool error_feedback_;
   const int64_t min_numel_;
 
  private:
-  std::vector<torch::Tensor> ef_;  // per tensor index: [N] fp32 (compressed tensors with EF only)
+  /// Item of tensor i: out, and c = grad + EF computed into ef_[i] (EF on) or aliasing out / a copy.
+  Item compensate(size_t i, const torch::Tensor& grad);
+
+  std::vector<torch::Tensor> ef_;  // per tensor index: [N] fp32 CPU (compressed tensors with EF only)
 };
 
 }  // namespace optcc

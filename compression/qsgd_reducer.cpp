@@ -2,9 +2,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "compression/elementwise_detail.h"
+#include "compression/raw_loops.h"
 
 namespace optcc {
 using namespace elementwise;  // elementwise_detail.h
@@ -47,24 +51,9 @@ int64_t QsgdReducer::compressed_bytes(int64_t numel) const {
   return numel + 4 * ((numel + opt_.bucket_size - 1) / opt_.bucket_size);
 }
 
-namespace {
-
-// x [N] -> [⌈N/B⌉, B], zero-padded.
-torch::Tensor buckets(const torch::Tensor& x, int64_t b) {
-  const int64_t nb = (x.numel() + b - 1) / b;
-  return torch::constant_pad_nd(x, {0, nb * b - x.numel()}).view({nb, b});
-}
-
-// norms [nb] fp32, codes [N] int8 -> fp32 [N]: norm·code/s (in this order: exact on the grid).
-torch::Tensor qsgd_decode(const torch::Tensor& norms, const torch::Tensor& codes, int64_t b, int64_t s) {
-  auto q = buckets(codes.to(torch::kFloat), b).mul(norms.unsqueeze(1)).div(static_cast<double>(s));
-  return q.view({-1}).narrow(0, 0, codes.numel());
-}
-
-}  // namespace
-
 void QsgdReducer::exchange(std::vector<Item>& items, Communicator& dp, int64_t step) {
-  const int64_t b = opt_.bucket_size, s = opt_.levels;
+  const int64_t b = opt_.bucket_size;
+  const int s = static_cast<int>(opt_.levels);
   std::vector<int64_t> nbs, norm_offs, code_offs;
   int64_t norms_total = 0, codes_total = 0;
   for (const auto& it : items) {
@@ -74,38 +63,42 @@ void QsgdReducer::exchange(std::vector<Item>& items, Communicator& dp, int64_t s
   }
   // [4·Σnb bytes of fp32 norms | ΣN int8 codes] uint8: one all-gather for every tensor.
   const int64_t x = 4 * norms_total + codes_total;
-  auto msg = torch::empty({x}, items[0].c.options().dtype(torch::kByte));
-  auto norms = torch::empty({norms_total}, items[0].c.options());  // [Σnb] fp32
-  auto codes = msg.narrow(0, 4 * norms_total, codes_total).view(torch::kChar);
+  auto msg = torch::empty({x}, torch::kByte);
+  uint8_t* pm = msg.data_ptr<uint8_t>();
+  std::vector<float> norms(static_cast<size_t>(norms_total));
   for (size_t j = 0; j < items.size(); ++j) {
     auto& it = items[j];
     const int64_t n = it.c.numel();
-    auto v = buckets(it.c, b);                                   // [nb, B]
-    auto norm = v.square().sum(1);                               // [nb]
-    norm.sqrt_();
-    auto safe = torch::where(norm > 0, norm, torch::ones_like(norm)).unsqueeze(1);
-    auto r = v.abs().mul(static_cast<double>(s)).div(safe);      // [nb, B] in [0, s]
-    auto gen = generator_for(static_cast<uint64_t>(opt_.seed) + static_cast<uint64_t>(dp.rank()), step, it.index);
-    auto u = buckets(torch::rand({n}, gen, torch::kFloat).to(it.c.device()), b);  // U[0, 1)
-    auto level = r.floor();
-    level.add_(u.lt(r - level).to(torch::kFloat)).clamp_(0, static_cast<double>(s));
-    auto code = level.mul_(v.sign()).view({-1}).narrow(0, 0, n).to(torch::kChar);  // [N] int8
-    norms.narrow(0, norm_offs[j], nbs[j]).copy_(norm);
-    codes.narrow(0, code_offs[j], n).copy_(code);
-    it.own = qsgd_decode(norm, code, b, s);
-  }
-  msg.narrow(0, 0, 4 * norms_total).copy_(norms.view(torch::kByte));
-  auto all = dp.all_gather(msg, traffic_class(), 0);  // [n·x] uint8, rank order
-  for (size_t j = 0; j < items.size(); ++j) {
-    auto& it = items[j];
-    it.out = torch::zeros_like(it.c);
-    for (int r = 0; r < dp.size(); ++r) {
-      auto part = all.narrow(0, r * x, x);
-      auto norm_r = floats_at(part, 4 * norm_offs[j], nbs[j]);
-      auto code_r = part.narrow(0, 4 * norms_total + code_offs[j], it.c.numel()).view(torch::kChar);
-      it.out.add_(qsgd_decode(norm_r, code_r, b, s));
+    float* c = it.c.data_ptr<float>();
+    auto* codes = reinterpret_cast<int8_t*>(pm + 4 * norms_total + code_offs[j]);
+    const uint64_t key = stream_key(static_cast<uint64_t>(opt_.seed) + static_cast<uint64_t>(dp.rank()), step, it.index);
+    for (int64_t q = 0; q < nbs[j]; ++q) {
+      const int64_t first = q * b, len = std::min(b, n - first);
+      const float norm = kernels::qsgd_encode_bucket(c + first, len, s, key, first, codes + first);
+      norms[norm_offs[j] + q] = norm;
+      if (error_feedback_) kernels::qsgd_subtract_decoded(codes + first, len, norm, s, c + first);  // c − own
     }
-    it.out.div_(dp.size());
+  }
+  std::memcpy(pm, norms.data(), 4 * norms.size());
+  const auto all = to_host(dp.all_gather(to_device(msg, items[0].device), traffic_class(), 0));  // [n·x] uint8
+  const uint8_t* pa = all.data_ptr<uint8_t>();
+  for (size_t j = 0; j < items.size(); ++j) {
+    const int64_t n = items[j].out.numel();
+    float* out = items[j].out.data_ptr<float>();
+    for (int r = 0; r < dp.size(); ++r) {  // rank order
+      const uint8_t* part = pa + r * x;
+      const auto* codes = reinterpret_cast<const int8_t*>(part + 4 * norms_total + code_offs[j]);
+      for (int64_t q = 0; q < nbs[j]; ++q) {
+        const int64_t first = q * b, len = std::min(b, n - first);
+        const float norm = float_at(part, 4 * (norm_offs[j] + q));
+        if (r == 0) {  // 0 + d = d: a decode is never −0
+          kernels::qsgd_decode(codes + first, len, norm, s, out + first);
+        } else {
+          kernels::qsgd_add_decoded(codes + first, len, norm, s, out + first);
+        }
+      }
+    }
+    if (dp.size() > 1) kernels::divide(out, n, static_cast<float>(dp.size()));  // ÷ 1 is the identity
   }
 }
 

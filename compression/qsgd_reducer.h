@@ -8,9 +8,11 @@ namespace optcc {
 /// `qsgd` (Alistarh et al. 2017): c is cut into buckets of bucket_size elements (the last may be
 /// shorter); bucket b with L2 norm ‖c_b‖ sends each element as sign·ℓ, ℓ ∈ {0..s}, drawn so that
 /// E[ℓ] = |c_j|·s/‖c_b‖ (ℓ = ⌊r⌋ + [u < r − ⌊r⌋], u ~ U[0,1)); decoded ‖c_b‖·sign·ℓ/s (unbiased).
-/// A zero bucket sends zeros. u is drawn per rank: tensor i at step t on DP rank r uses a CPU
-/// generator seeded with mix(seed + r, t, i) (different ranks, different streams; resumable with
-/// no generator state). On CUDA the uniforms are drawn on the CPU and copied.
+/// A zero bucket sends zeros. u is drawn per rank from a counter-based stream: element j of
+/// tensor i at step t on DP rank r uses u(key, j), key = mix(seed + r, t, i) (raw_loops.h:
+/// counter_uniform, 24 random bits; different ranks, different streams; resumable with no
+/// generator state; computed in the quantisation loop itself, so it vectorises). Per bucket,
+/// r = |c_j|·(s/‖c_b‖) with ‖c_b‖ summed in 16 fp32 lanes.
 ///   Message per tensor: N codes int8 + ⌈N/bucket_size⌉ norms fp32 = N + 4⌈N/bucket_size⌉ bytes
 ///   (raw when that is ≥ 4N). All tensors' norms and codes in ONE uint8 buffer, one all-gather
 ///   (wire (n−1)·Σ bytes). out = Σ_r decode_r ÷ n.

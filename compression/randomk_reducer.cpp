@@ -3,9 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <unordered_set>
+#include <vector>
 
 #include "compression/elementwise_detail.h"
+#include "compression/raw_loops.h"
 
 namespace optcc {
 using namespace elementwise;  // elementwise_detail.h
@@ -49,43 +50,58 @@ std::string RandomKReducer::name() const {
 
 int64_t RandomKReducer::k_for(int64_t numel) const { return k_of(opt_.fraction, opt_.count, numel); }
 
-torch::Tensor RandomKReducer::indices(int64_t step, size_t tensor, int64_t numel) const {
+std::vector<int64_t> RandomKReducer::draw(int64_t step, size_t tensor, int64_t numel) const {
   const int64_t k = k_for(numel);
   auto gen = generator_for(static_cast<uint64_t>(opt_.seed), step, tensor);
   auto* g = gen.get<at::CPUGeneratorImpl>();
-  std::unordered_set<int64_t> chosen;  // Floyd: k draws, no rejection loop
-  chosen.reserve(static_cast<size_t>(2 * k));
-  std::vector<int64_t> out;
-  out.reserve(static_cast<size_t>(k));
-  for (int64_t j = numel - k; j < numel; ++j) {
+  std::vector<uint64_t> chosen(static_cast<size_t>((numel + 63) / 64), 0);  // Floyd's set as a bitmap
+  auto has = [&](int64_t t) { return (chosen[t >> 6] >> (t & 63)) & 1u; };
+  for (int64_t j = numel - k; j < numel; ++j) {  // k draws, no rejection loop
     int64_t t = uniform_below(*g, static_cast<uint64_t>(j + 1));
-    if (chosen.count(t)) t = j;
-    chosen.insert(t);
-    out.push_back(t);
+    if (has(t)) t = j;
+    chosen[t >> 6] |= uint64_t{1} << (t & 63);
   }
-  std::sort(out.begin(), out.end());
-  return torch::tensor(out, torch::kLong);
+  std::vector<int64_t> out;  // the set in increasing order: a scan of the bitmap, no sort
+  out.reserve(static_cast<size_t>(k));
+  for (size_t w = 0; w < chosen.size(); ++w) {
+    for (uint64_t bits = chosen[w]; bits; bits &= bits - 1) {
+      out.push_back(static_cast<int64_t>(w) * 64 + __builtin_ctzll(bits));
+    }
+  }
+  return out;
+}
+
+torch::Tensor RandomKReducer::indices(int64_t step, size_t tensor, int64_t numel) const {
+  return torch::tensor(draw(step, tensor, numel), torch::kLong);
 }
 
 void RandomKReducer::exchange(std::vector<Item>& items, Communicator& dp, int64_t step) {
-  std::vector<torch::Tensor> idx;
+  std::vector<std::vector<int64_t>> idx;
   std::vector<int64_t> offs;
   int64_t total = 0;
   for (const auto& it : items) {
-    idx.push_back(indices(step, it.index, it.c.numel()).to(it.c.device()));
+    idx.push_back(draw(step, it.index, it.c.numel()));
     offs.push_back(total);
-    total += idx.back().numel();
+    total += static_cast<int64_t>(idx.back().size());
   }
-  auto values = torch::empty({total}, items[0].c.options());  // [Σk] fp32
+  auto values = torch::empty({total}, torch::kFloat);  // [Σk] fp32
+  float* pv = values.data_ptr<float>();
   for (size_t j = 0; j < items.size(); ++j) {
-    auto v = items[j].c.index_select(0, idx[j]);
-    values.narrow(0, offs[j], v.numel()).copy_(v);
-    items[j].own = torch::zeros_like(items[j].c).index_copy_(0, idx[j], v);
+    float* c = items[j].c.data_ptr<float>();
+    for (size_t t = 0; t < idx[j].size(); ++t) {
+      pv[offs[j] + t] = c[idx[j][t]];
+      if (error_feedback_) c[idx[j][t]] = 0.0f;  // residual c − own: 0 where sent
+    }
   }
-  dp.all_reduce(values, traffic_class());
-  values.div_(dp.size());
+  auto summed = to_device(values, items[0].device);
+  dp.all_reduce(summed, traffic_class());
+  values = to_host(summed);
+  pv = values.data_ptr<float>();
+  kernels::divide(pv, total, static_cast<float>(dp.size()));
   for (size_t j = 0; j < items.size(); ++j) {
-    items[j].out = torch::zeros_like(items[j].c).index_copy_(0, idx[j], values.narrow(0, offs[j], idx[j].numel()));
+    float* out = items[j].out.data_ptr<float>();
+    std::fill(out, out + items[j].out.numel(), 0.0f);
+    for (size_t t = 0; t < idx[j].size(); ++t) out[idx[j][t]] = pv[offs[j] + t];
   }
 }
 

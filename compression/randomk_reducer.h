@@ -32,6 +32,7 @@ class RandomKReducer : public ElementwiseReducer {
 
  private:
   void exchange(std::vector<Item>& items, Communicator& dp, int64_t step) override;
+  std::vector<int64_t> draw(int64_t step, size_t tensor, int64_t numel) const;  // indices(), as a vector
   RandomKOptions opt_;
 };
 

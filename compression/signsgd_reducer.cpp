@@ -2,33 +2,15 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "compression/elementwise_detail.h"
+#include "compression/raw_loops.h"
 
 namespace optcc {
 using namespace elementwise;  // elementwise_detail.h
-
-namespace {
-
-// ---- bit packing --------------------------------------------------------------------------------
-
-torch::Tensor bit_weights(torch::Device dev) {  // [8] uint8: 1, 2, ..., 128
-  return torch::tensor({1, 2, 4, 8, 16, 32, 64, 128}, torch::dtype(torch::kByte).device(dev));
-}
-
-// bool [N] -> uint8 [⌈N/8⌉], entry j in bit j%8 of byte j/8.
-torch::Tensor pack_bits(const torch::Tensor& bits) {
-  const int64_t n = bits.numel(), nbytes = (n + 7) / 8;
-  auto padded = torch::constant_pad_nd(bits.to(torch::kByte), {0, nbytes * 8 - n}).view({nbytes, 8});
-  return padded.mul(bit_weights(bits.device())).sum(1, false, torch::kByte);
-}
-
-// uint8 [⌈N/8⌉] -> fp32 [N] of ±1 (set bit: +1).
-torch::Tensor unpack_signs(const torch::Tensor& packed, int64_t n) {
-  auto bits = packed.unsqueeze(1).bitwise_and(bit_weights(packed.device())).ne(0).view({-1}).narrow(0, 0, n);
-  return bits.to(torch::kFloat).mul_(2).sub_(1);
-}
-
-}  // namespace
 
 // ---- signsgd ------------------------------------------------------------------------------------
 
@@ -60,29 +42,28 @@ void SignSgdReducer::exchange(std::vector<Item>& items, Communicator& dp, int64_
   }
   // [4·T bytes of fp32 scales | Σ⌈N/8⌉ sign bytes] uint8: one all-gather for every tensor.
   const int64_t x = 4 * t + bits_total;
-  auto msg = torch::empty({x}, items[0].c.options().dtype(torch::kByte));
-  auto scales = torch::empty({t}, items[0].c.options());  // [T] fp32
+  auto msg = torch::empty({x}, torch::kByte);
+  uint8_t* pm = msg.data_ptr<uint8_t>();
+  std::vector<float> scales(static_cast<size_t>(t));
   for (int64_t j = 0; j < t; ++j) {
-    auto& it = items[j];
-    const int64_t n = it.c.numel();
-    auto scale = scales.narrow(0, j, 1);
-    scale.copy_(it.c.abs().sum().div(static_cast<double>(n)).reshape({1}));  // ‖c‖₁ / N
-    auto packed = pack_bits(it.c.ge(0));                                       // sign(0) = +1
-    msg.narrow(0, 4 * t + offs[j], packed.numel()).copy_(packed);
-    it.own = unpack_signs(packed, n).mul_(scale);
+    float* c = items[j].c.data_ptr<float>();
+    const int64_t n = items[j].c.numel();
+    scales[j] = static_cast<float>(kernels::sum_abs(c, n)) / static_cast<float>(n);  // ‖c‖₁ / N
+    kernels::pack_signs(c, n, pm + 4 * t + offs[j]);                                 // sign(0) = +1
+    if (error_feedback_) kernels::subtract_scaled_sign(c, n, scales[j]);             // c − own
   }
-  msg.narrow(0, 0, 4 * t).copy_(scales.view(torch::kByte));
-  auto all = dp.all_gather(msg, traffic_class(), 0);  // [n·x] uint8, rank order
+  std::memcpy(pm, scales.data(), 4 * scales.size());
+  const auto all = to_host(dp.all_gather(to_device(msg, items[0].device), traffic_class(), 0));  // [n·x] uint8
+  const uint8_t* pa = all.data_ptr<uint8_t>();
   for (int64_t j = 0; j < t; ++j) {
-    auto& it = items[j];
-    const int64_t n = it.c.numel();
-    it.out = torch::zeros_like(it.c);
-    for (int r = 0; r < dp.size(); ++r) {
-      auto part = all.narrow(0, r * x, x);
-      auto scale_r = floats_at(part, 4 * j, 1);
-      it.out.add_(unpack_signs(part.narrow(0, 4 * t + offs[j], (n + 7) / 8), n).mul_(scale_r));
+    const int64_t n = items[j].out.numel();
+    float* out = items[j].out.data_ptr<float>();
+    std::fill(out, out + n, 0.0f);
+    for (int r = 0; r < dp.size(); ++r) {  // rank order
+      const uint8_t* part = pa + r * x;
+      kernels::add_signed(part + 4 * t + offs[j], n, float_at(part, 4 * j), out);
     }
-    it.out.div_(dp.size());
+    if (dp.size() > 1) kernels::divide(out, n, static_cast<float>(dp.size()));  // ÷ 1 is the identity
   }
 }
 

@@ -2,9 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "compression/elementwise_detail.h"
+#include "compression/raw_loops.h"
 
 namespace optcc {
 using namespace elementwise;  // elementwise_detail.h
@@ -33,40 +36,48 @@ std::string TopKReducer::name() const {
 
 int64_t TopKReducer::k_for(int64_t numel) const { return k_of(opt_.fraction, opt_.count, numel); }
 
+void TopKReducer::check_compressible(size_t index, int64_t numel) const {
+  if (numel > std::numeric_limits<int32_t>::max()) {
+    throw std::invalid_argument(fmt::format("topk: {} has {} elements; int32 indices allow at most 2^31 - 1",
+                                            records_[index].name, numel));
+  }
+}
+
 void TopKReducer::exchange(std::vector<Item>& items, Communicator& dp, int64_t step) {
   std::vector<int64_t> ks, offs;
   int64_t total = 0;  // Σk
   for (const auto& it : items) {
-    if (it.c.numel() > std::numeric_limits<int32_t>::max()) {
-      throw std::invalid_argument(fmt::format("topk: {} has {} elements; int32 indices allow at most 2^31 - 1",
-                                              records_[it.index].name, it.c.numel()));
-    }
     ks.push_back(k_for(it.c.numel()));
     offs.push_back(total);
     total += ks.back();
   }
   // [Σk value bits | Σk indices] int32: one all-gather for every tensor.
-  auto msg = torch::empty({2 * total}, items[0].c.options().dtype(torch::kInt));
-  auto values = msg.narrow(0, 0, total).view(torch::kFloat);
-  auto indices = msg.narrow(0, total, total);
+  auto msg = torch::empty({2 * total}, torch::kInt);
+  int32_t* pm = msg.data_ptr<int32_t>();
   for (size_t j = 0; j < items.size(); ++j) {
-    auto& it = items[j];
-    auto idx = std::get<1>(torch::topk(it.c.abs(), ks[j], 0, /*largest=*/true, /*sorted=*/false));  // [k] int64
-    auto v = it.c.index_select(0, idx);                                                             // [k] fp32
-    values.narrow(0, offs[j], ks[j]).copy_(v);
-    indices.narrow(0, offs[j], ks[j]).copy_(idx);
-    it.own = torch::zeros_like(it.c).index_copy_(0, idx, v);
-  }
-  auto all = dp.all_gather(msg, traffic_class(), 0);  // [n·2Σk] int32, rank order
-  for (size_t j = 0; j < items.size(); ++j) {
-    auto& it = items[j];
-    it.out = torch::zeros_like(it.c);
-    for (int r = 0; r < dp.size(); ++r) {  // rank order: the same sum on every rank
-      auto part = all.narrow(0, r * 2 * total, 2 * total);
-      it.out.index_add_(0, part.narrow(0, total + offs[j], ks[j]).to(torch::kLong),
-                        part.narrow(0, offs[j], ks[j]).view(torch::kFloat));
+    float* c = items[j].c.data_ptr<float>();
+    int32_t* idx = pm + total + offs[j];
+    kernels::select_topk(c, items[j].c.numel(), ks[j], idx);  // increasing index order
+    for (int64_t t = 0; t < ks[j]; ++t) {
+      std::memcpy(pm + offs[j] + t, c + idx[t], 4);  // the value's bits
+      if (error_feedback_) c[idx[t]] = 0.0f;          // residual c − own: 0 where sent
     }
-    it.out.div_(dp.size());
+  }
+  const auto all = to_host(dp.all_gather(to_device(msg, items[0].device), traffic_class(), 0));  // [n·2Σk]
+  const int32_t* pa = all.data_ptr<int32_t>();
+  for (size_t j = 0; j < items.size(); ++j) {
+    float* out = items[j].out.data_ptr<float>();
+    const int64_t n = items[j].out.numel();
+    std::fill(out, out + n, 0.0f);
+    for (int r = 0; r < dp.size(); ++r) {  // rank order: the same sum on every rank
+      const int32_t* part = pa + r * 2 * total;
+      for (int64_t t = 0; t < ks[j]; ++t) {
+        float v;
+        std::memcpy(&v, part + offs[j] + t, 4);
+        out[part[total + offs[j] + t]] += v;
+      }
+    }
+    if (dp.size() > 1) kernels::divide(out, n, static_cast<float>(dp.size()));  // ÷ 1 is the identity
   }
 }
 

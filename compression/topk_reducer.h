@@ -6,10 +6,12 @@
 namespace optcc {
 
 /// `topk` (Aji & Heafield 2017; with error feedback: Stich et al. 2018, "Sparsified SGD with
-/// memory"): each rank keeps the k entries of c with the largest |c| (ties: torch::topk's choice).
+/// memory"): each rank keeps the k entries of c with the largest |c| (ties at the k-th magnitude:
+/// the smallest indices), found by selection (a threshold pass and nth_element, raw_loops.h), not
+/// by sorting.
 ///   k = count if count > 0, else clamp(round(fraction·N), 1, N).
 ///   Message per tensor: k values fp32 + k indices int32 = 8k bytes (raw when 8k ≥ 4N, i.e.
-///   2k ≥ N). All tensors' values (float bits) and indices packed into ONE int32 buffer [2·Σk],
+///   2k ≥ N). All tensors' values (float bits) and indices (increasing per tensor) packed into ONE int32 buffer [2·Σk],
 ///   one all-gather (wire (n−1)·8Σk). out = Σ_r scatter_add(values_r at indices_r) ÷ n.
 struct TopKOptions {
   double fraction = 0.01;       // share of entries kept per tensor, in (0, 1]
@@ -29,6 +31,7 @@ class TopKReducer : public ElementwiseReducer {
 
  private:
   void exchange(std::vector<Item>& items, Communicator& dp, int64_t step) override;
+  void check_compressible(size_t index, int64_t numel) const override;  // N < 2³¹ (int32 indices)
   TopKOptions opt_;
 };
 

@@ -247,6 +247,70 @@ TEST(TopKCodec, KeepsExactlyTheKLargestMagnitudes) {
   EXPECT_EQ(make_act_codec("topk", opts("{count: 7}"))->wire_shapes(5)[0][0], 5);  // k ≤ numel
 }
 
+// Selection, not an approximation: the same set as a full sort of |x| on a large message (the
+// sampled-threshold path), on one built so the strided sample sees only outliers (the fallback
+// path: too few candidates), with ties (smallest indices win) and with NaN (above +inf).
+TEST(TopKCodec, SelectsTheSameSetAsASortOnLargeAndAdversarialMessages) {
+  auto sorted_top = [](const torch::Tensor& x, int64_t k) {
+    return std::get<0>(std::get<1>(x.abs().sort(0, /*descending=*/true)).narrow(0, 0, k).sort());
+  };
+  const int64_t n = 200000, k = 2000;
+  auto codec = make_act_codec("topk", opts("{count: 2000}"));
+  const auto x = randn({n}, 31);
+  auto p = codec->encode(x);
+  EXPECT_TRUE(torch::equal(p.parts[1], sorted_top(x, k)));  // increasing index order
+  EXPECT_TRUE(torch::equal(p.parts[0], x.index_select(0, p.parts[1])));
+  auto trap = randn({n}, 32) * 1e-3;  // the strided sample sees mostly outliers: too few candidates
+  for (int64_t j = 0; j < 8192; ++j) trap[j * (n / 8192)] = 10.0f + static_cast<float>(j);
+  p = codec->encode(trap);
+  EXPECT_TRUE(torch::equal(p.parts[1], sorted_top(trap, k)));
+  auto ties = make_act_codec("topk", opts("{count: 3}"));
+  p = ties->encode(torch::tensor({1.0f, -2.0f, 2.0f, 0.5f, -2.0f, 2.0f}));
+  EXPECT_TRUE(torch::equal(p.parts[1], torch::tensor({1, 2, 4}, torch::kLong)));
+  p = ties->encode(torch::tensor({1.0f, std::numeric_limits<float>::infinity(), std::nanf(""), 3.0f}));
+  EXPECT_TRUE(torch::equal(p.parts[1], torch::tensor({1, 2, 3}, torch::kLong)));
+  Payload bad{{torch::ones({3}), torch::tensor({0, 6, 1}, torch::kLong)}};
+  EXPECT_THROW(ties->decode(bad, 6), std::invalid_argument);  // index outside [0, 6)
+}
+
+// decode(): the output buffer is reused only when the caller dropped every reference to it; a
+// decoded tensor kept (or a view of it) is never overwritten. decode_into() writes the caller's
+// buffer and checks it.
+TEST(ActCodec, DecodeReusesItsOutputOnlyWhenNothingElseHoldsIt) {
+  const auto x1 = randn({8 * 12}, 41), x2 = randn({8 * 12}, 42);
+  for (const auto& name : act_codec_names()) {
+    if (name == "none") continue;  // returns its part
+    const std::string o = name == "lowrank" ? "{rank: 3, hidden: 12}"
+                          : name == "int8" || name == "int4" ? "{hidden: 12}"
+                          : name == "topk" ? "{fraction: 0.25}" : "{}";
+    auto codec = make_act_codec(name, opts(o));
+    const auto p1 = codec->encode(x1), p2 = codec->encode(x2);
+    auto y1 = codec->decode(p1, x1.numel());
+    const auto y1_copy = y1.clone();
+    auto y2 = codec->decode(p2, x2.numel());  // y1 still held: a new buffer
+    EXPECT_NE(y2.data_ptr(), y1.data_ptr()) << name;
+    EXPECT_TRUE(torch::equal(y1, y1_copy)) << name;
+    EXPECT_FALSE(torch::equal(y1, y2)) << name;
+    void* const kept = y2.data_ptr();
+    y1 = torch::Tensor(), y2 = torch::Tensor();
+    auto y3 = codec->decode(p1, x1.numel());  // everything dropped: the last buffer again
+    EXPECT_EQ(y3.data_ptr(), kept) << name;
+    EXPECT_TRUE(torch::equal(y3, y1_copy)) << name;
+    const auto view = y3.view({8, 12});
+    y3 = torch::Tensor();
+    const auto y4 = codec->decode(p2, x2.numel());  // a view still holds it: a new buffer
+    EXPECT_NE(y4.data_ptr(), kept) << name;
+    EXPECT_TRUE(torch::equal(view.reshape({-1}), y1_copy)) << name;
+    auto into = torch::full({8 * 12}, 7.0f);
+    codec->decode_into(p2, x2.numel(), into);
+    EXPECT_TRUE(torch::equal(into, y4)) << name;
+    auto wrong = torch::empty({8 * 12}, torch::kDouble);
+    EXPECT_THROW(codec->decode_into(p2, x2.numel(), wrong), std::invalid_argument) << name;
+    auto short_out = torch::empty({8 * 12 - 1});
+    EXPECT_THROW(codec->decode_into(p2, x2.numel(), short_out), std::invalid_argument) << name;
+  }
+}
+
 // --- every codec: never worse than sending nothing ---------------------------------------------
 
 // Messages of 100 tokens × 48 (the width) that low-rank and quantising codecs find hard.

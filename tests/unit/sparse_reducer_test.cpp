@@ -242,6 +242,17 @@ TEST(TopK, KeepsTheKLargestAndCarriesTheRestByHand) {
   });
 }
 
+TEST(TopK, TiesGoToTheSmallestIndicesAndTheResidualKeepsTheRest) {
+  run_ranks(1, [&](const RankContext& ctx) {
+    auto comm = ctx.world_group();
+    auto red = make("topk", "{count: 3}");
+    std::vector<torch::Tensor> g{torch::tensor({1.0f, -2.0f, 2.0f, 0.5f, -2.0f, 2.0f, 0.0f, 0.25f})};
+    red->reduce(g, *comm, 0);
+    EXPECT_TRUE(torch::equal(g[0], torch::tensor({0.0f, -2.0f, 2.0f, 0.0f, -2.0f, 0.0f, 0.0f, 0.0f})));
+    EXPECT_TRUE(torch::equal(red->error(0), torch::tensor({1.0f, 0.0f, 0.0f, 0.5f, 0.0f, 2.0f, 0.0f, 0.25f})));
+  });
+}
+
 TEST(SignSgd, ScaledSignsWithZeroAsPlusByHand) {
   run_ranks(2, [&](const RankContext& ctx) {
     auto comm = ctx.world_group();

@@ -1,0 +1,325 @@
+// Raw-pointer loops (raw_loops.h). Plain loops over contiguous memory with no calls and no
+// data-dependent branches in the hot ones, so GCC/Clang vectorise them at -O3 -fno-trapping-math;
+// clamps are written as ternaries (if-converted to min/max) and float→int rounding with the
+// 1.5·2²³ trick (round half to even in the default rounding mode, as std::nearbyint).
+#include "compression/raw_loops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+// The hot loops are compiled twice on x86-64 Linux with GCC, for AVX2 and for the baseline
+// (SSE2), and the loader picks one per machine (ifunc): wider vectors where the CPU has them,
+// the same results either way (no FMA contraction: -ffp-contract=off).
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(__clang__)
+#define OPTCC_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define OPTCC_SIMD_CLONES
+#endif
+
+namespace optcc::kernels {
+namespace {
+
+constexpr int kLanes = 16;  // independent accumulators: lets a reduction vectorise without reassociation
+
+inline uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// Round half to even for 0 ≤ v < 2²²: adding 1.5·2²³ leaves no fraction bits.
+inline float round_even(float v) { return (v + 12582912.0f) - 12582912.0f; }
+
+}  // namespace
+
+// ---- checks and sums ---------------------------------------------------------------------------
+
+OPTCC_SIMD_CLONES bool all_finite(const float* x, int64_t n) {
+  uint32_t worst = 0;  // max over exponent fields: all ones means inf or NaN
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t e;
+    std::memcpy(&e, x + i, 4);
+    e &= 0x7f800000u;
+    worst = e > worst ? e : worst;
+  }
+  return worst != 0x7f800000u;
+}
+
+OPTCC_SIMD_CLONES double sum_abs(const float* x, int64_t n) {
+  constexpr int64_t kBlock = 4096;
+  double total = 0.0;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t end = std::min(n, b + kBlock);
+    float acc[kLanes] = {};
+    int64_t i = b;
+    for (; i + kLanes <= end; i += kLanes) {
+      for (int j = 0; j < kLanes; ++j) acc[j] += std::fabs(x[i + j]);
+    }
+    double block = 0.0;
+    for (; i < end; ++i) block += std::fabs(x[i]);
+    for (int j = 0; j < kLanes; ++j) block += acc[j];
+    total += block;
+  }
+  return total;
+}
+
+namespace {
+
+// An order-preserving integer image of a float (an involution): negative floats get their
+// magnitude bits flipped, so signed integer order is float order (−0 just below +0; NaN at the
+// ends). Integer min/max reductions vectorise; float ones need -ffinite-math-only.
+inline int32_t ordered(int32_t b) { return b ^ ((b >> 31) & 0x7fffffff); }
+
+}  // namespace
+
+OPTCC_SIMD_CLONES void min_max(const float* x, int64_t n, float* lo, float* hi) {
+  int32_t first;
+  std::memcpy(&first, x, 4);
+  int32_t a = ordered(first), b = a;
+  for (int64_t i = 0; i < n; ++i) {
+    int32_t k;
+    std::memcpy(&k, x + i, 4);
+    k = ordered(k);
+    a = k < a ? k : a;
+    b = k > b ? k : b;
+  }
+  a = ordered(a), b = ordered(b);
+  std::memcpy(lo, &a, 4);
+  std::memcpy(hi, &b, 4);
+}
+
+// ---- element-wise --------------------------------------------------------------------------------
+
+OPTCC_SIMD_CLONES void add_into(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+}
+
+OPTCC_SIMD_CLONES void divide(float* y, int64_t n, float d) {
+  for (int64_t i = 0; i < n; ++i) y[i] /= d;
+}
+
+// ---- quantisation ---------------------------------------------------------------------------------
+
+OPTCC_SIMD_CLONES void quantize(const float* x, int64_t n, float lo, float inv_scale, float levels, uint8_t* q) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = (x[i] - lo) * inv_scale;
+    v = v > 0.0f ? v : 0.0f;
+    v = v < levels ? v : levels;
+    q[i] = static_cast<uint8_t>(static_cast<int32_t>(round_even(v)));
+  }
+}
+
+OPTCC_SIMD_CLONES void dequantize(const uint8_t* q, int64_t n, float scale, float lo, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(q[i]) * scale + lo;
+}
+
+OPTCC_SIMD_CLONES void pack_nibbles(const uint8_t* q, int64_t n, uint8_t* out) {
+  for (int64_t i = 0; i < n / 2; ++i) out[i] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
+}
+
+OPTCC_SIMD_CLONES void dequantize_nibbles(const uint8_t* p, int64_t pairs, float scale, float lo, float* y) {
+  for (int64_t i = 0; i < pairs; ++i) {
+    y[2 * i] = static_cast<float>(p[i] & 15) * scale + lo;
+    y[2 * i + 1] = static_cast<float>(p[i] >> 4) * scale + lo;
+  }
+}
+
+// ---- selection ------------------------------------------------------------------------------------
+
+namespace {
+
+// |x| as an order-preserving integer key: larger key, larger magnitude; NaN above +inf.
+inline uint32_t magnitude_key(const float* x, int64_t i) { return bits_of(x[i]) & 0x7fffffffu; }
+
+// A key t with at least k keys of x at or above it, hopefully few more (0 when unsure).
+uint32_t candidate_threshold(const float* x, int64_t n, int64_t k) {
+  const int64_t s = std::min<int64_t>(n, 16384);
+  const double expect = static_cast<double>(k) * static_cast<double>(s) / static_cast<double>(n);
+  const auto m = static_cast<int64_t>(std::ceil(expect + 4.0 * std::sqrt(expect) + 8.0));
+  if (n < 8 * s || m >= s) return 0;  // small or dense: every element is a candidate
+  std::vector<uint32_t> sample(static_cast<size_t>(s));
+  for (int64_t j = 0; j < s; ++j) sample[j] = magnitude_key(x, j * (n / s));
+  std::nth_element(sample.begin(), sample.begin() + (m - 1), sample.end(), std::greater<uint32_t>());
+  return sample[m - 1];
+}
+
+constexpr int64_t kChunk = 4096;  // elements per flag scan: 16 KB of x stays in L1/L2 for it
+
+}  // namespace
+
+// out[i] = 1 if the key of x[i] is ≥ t, else 0 (a compare and a pack: vectorises cheaply).
+OPTCC_SIMD_CLONES void threshold_flags(const float* __restrict x, int64_t n, uint32_t t, uint8_t* __restrict out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(magnitude_key(x, i) >= t);
+}
+
+namespace {
+
+/// Candidates: indices with key ≥ t (increasing) and their keys, `count` of them.
+struct Candidates {
+  std::vector<int64_t> index;
+  std::vector<uint32_t> key;
+  int64_t count = 0;
+  void grow() {  // at least 4096 more slots
+    const size_t size = std::max<size_t>(2 * index.size(), index.size() + 4096);
+    index.resize(size), key.resize(size);
+  }
+};
+
+// Collects every i with key ≥ t, chunk by chunk: a vectorised byte flag per element, then the
+// nonzero flags, 32 tested at a time (x still cached), for the indices and keys.
+void collect_at_or_above(const float* x, int64_t n, uint32_t t, Candidates& cand) {
+  cand.count = 0;
+  uint8_t flags[kChunk];
+  for (int64_t c = 0; c < n; c += kChunk) {
+    const int64_t len = std::min(kChunk, n - c);
+    threshold_flags(x + c, len, t, flags);
+    const int64_t padded = (len + 31) / 32 * 32;  // whole groups of 4 words
+    std::memset(flags + len, 0, static_cast<size_t>(padded - len));
+    if (static_cast<int64_t>(cand.index.size()) - cand.count < len) cand.grow();  // room for the chunk
+    int64_t* index = cand.index.data();
+    uint32_t* key = cand.key.data();
+    int64_t count = cand.count;
+    for (int64_t g = 0; g < padded; g += 32) {
+      uint64_t m[4];  // flag of element g + 8q + b in bit 8b of m[q] (little-endian)
+      std::memcpy(m, flags + g, 32);
+      if ((m[0] | m[1] | m[2] | m[3]) == 0) continue;  // the common case: no candidate among 32
+      for (int q = 0; q < 4; ++q) {
+        for (uint64_t w = m[q]; w; w &= w - 1) {
+          const int64_t i = c + g + 8 * q + __builtin_ctzll(w) / 8;
+          index[count] = i;
+          key[count++] = magnitude_key(x, i);
+        }
+      }
+    }
+    cand.count = count;
+  }
+}
+
+// The k-th largest key among the candidates (k ≤ their count).
+uint32_t kth_key(const Candidates& cand, int64_t k) {
+  std::vector<uint32_t> keys(cand.key.begin(), cand.key.begin() + cand.count);
+  std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<uint32_t>());
+  return keys[k - 1];
+}
+
+template <class Index>
+void select_topk_impl(const float* x, int64_t n, int64_t k, Index* idx) {
+  if (k <= 0) return;
+  if (k >= n) {
+    for (int64_t i = 0; i < n; ++i) idx[i] = static_cast<Index>(i);
+    return;
+  }
+  uint32_t t = candidate_threshold(x, n, k);
+  Candidates cand;
+  for (int pass = 0; pass < 2; ++pass) {
+    collect_at_or_above(x, n, t, cand);
+    if (cand.count >= k) break;
+    t = 0;  // the sample's threshold was too high: every element is a candidate
+  }
+  const uint32_t kth = kth_key(cand, k);
+  int64_t above = 0;
+  for (int64_t j = 0; j < cand.count; ++j) above += cand.key[j] > kth;
+  int64_t out = 0, ties = k - above;  // keys equal to kth: the first `ties` in index order
+  for (int64_t j = 0; j < cand.count; ++j) {
+    const uint32_t key = cand.key[j];
+    if (key > kth || (key == kth && ties-- > 0)) idx[out++] = static_cast<Index>(cand.index[j]);
+  }
+}
+
+}  // namespace
+
+void select_topk(const float* x, int64_t n, int64_t k, int64_t* idx) { select_topk_impl(x, n, k, idx); }
+void select_topk(const float* x, int64_t n, int64_t k, int32_t* idx) { select_topk_impl(x, n, k, idx); }
+
+// ---- bits -----------------------------------------------------------------------------------------
+
+OPTCC_SIMD_CLONES void pack_signs(const float* x, int64_t n, uint8_t* out) {
+  const int64_t full = n / 8;
+  for (int64_t j = 0; j < full; ++j) {
+    uint32_t b = 0;
+    for (int t = 0; t < 8; ++t) b |= static_cast<uint32_t>(x[8 * j + t] >= 0.0f) << t;
+    out[j] = static_cast<uint8_t>(b);
+  }
+  if (n % 8) {
+    uint32_t b = 0;
+    for (int64_t t = 0; t < n % 8; ++t) b |= static_cast<uint32_t>(x[8 * full + t] >= 0.0f) << t;
+    out[full] = static_cast<uint8_t>(b);
+  }
+}
+
+OPTCC_SIMD_CLONES void add_signed(const uint8_t* bits, int64_t n, float a, float* y) {
+  const int64_t full = n / 8;
+  for (int64_t j = 0; j < full; ++j) {
+    const uint32_t b = bits[j];
+    for (int t = 0; t < 8; ++t) y[8 * j + t] += ((b >> t) & 1u) ? a : -a;
+  }
+  for (int64_t i = 8 * full; i < n; ++i) y[i] += ((bits[full] >> (i - 8 * full)) & 1u) ? a : -a;
+}
+
+OPTCC_SIMD_CLONES void subtract_scaled_sign(float* x, int64_t n, float a) {
+  for (int64_t i = 0; i < n; ++i) x[i] -= x[i] >= 0.0f ? a : -a;
+}
+
+// ---- stochastic quantisation ----------------------------------------------------------------------
+
+namespace {
+
+inline uint32_t mix32(uint32_t x) {  // an invertible avalanche of 32 bits (xorshift-multiply)
+  x ^= x >> 16;
+  x *= 0x7feb352du;
+  x ^= x >> 15;
+  x *= 0x846ca68bu;
+  x ^= x >> 16;
+  return x;
+}
+
+// One avalanche round over a key-dependent bijection of i: different keys, different streams.
+inline float uniform_of(uint32_t k0, uint32_t k1, uint32_t i) {
+  return static_cast<float>(mix32((i ^ k1) + k0) >> 8) * 0x1p-24f;
+}
+
+}  // namespace
+
+float counter_uniform(uint64_t key, uint64_t i) {
+  return uniform_of(static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32), static_cast<uint32_t>(i));
+}
+
+OPTCC_SIMD_CLONES float qsgd_encode_bucket(const float* x, int64_t n, int s, uint64_t key, int64_t first, int8_t* code) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j] * x[i + j];
+  }
+  float sq = 0.0f;
+  for (; i < n; ++i) sq += x[i] * x[i];
+  for (int j = 0; j < kLanes; ++j) sq += acc[j];
+  const float norm = std::sqrt(sq);
+  const float ratio = norm > 0.0f ? static_cast<float>(s) / norm : 0.0f;  // zero bucket: r = 0
+  const float top = static_cast<float>(s);
+  const auto k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  const auto base = static_cast<uint32_t>(first);
+  for (int64_t j = 0; j < n; ++j) {
+    const float r = std::fabs(x[j]) * ratio;
+    const float fl = static_cast<float>(static_cast<int32_t>(r));  // r ≥ 0: truncation is floor
+    float level = fl + (uniform_of(k0, k1, base + static_cast<uint32_t>(j)) < r - fl ? 1.0f : 0.0f);
+    level = level < top ? level : top;
+    const float signed_level = x[j] < 0.0f ? -level : level;
+    code[j] = static_cast<int8_t>(static_cast<int32_t>(signed_level));
+  }
+  return norm;
+}
+
+OPTCC_SIMD_CLONES void qsgd_decode(const int8_t* code, int64_t n, float norm, float s, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = (static_cast<float>(code[i]) * norm) / s;
+}
+
+OPTCC_SIMD_CLONES void qsgd_add_decoded(const int8_t* code, int64_t n, float norm, float s, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += (static_cast<float>(code[i]) * norm) / s;
+}
+
+OPTCC_SIMD_CLONES void qsgd_subtract_decoded(const int8_t* code, int64_t n, float norm, float s, float* x) {
+  for (int64_t i = 0; i < n; ++i) x[i] -= (static_cast<float>(code[i]) * norm) / s;
+}
+
+}  // namespace optcc::kernels
