@@ -9,6 +9,7 @@ PACKAGES=(
   libtorch-dev            # LibTorch 1.13 (CPU) with c10d/Gloo headers
   libopenblas0-pthread    # makes LibTorch's BLAS OpenBLAS instead of the 3-10x slower reference BLAS
   libdnnl-dev             # oneDNN: the fp32 GEMM of the linear layers and low-rank codecs (kernels/gemm.h)
+  ocl-icd-opencl-dev      # libdnnl-dev's CMake config requires OpenCL (a Recommends, so named here)
   libgloo-dev             # Gloo process groups (multi-rank on CPU)
   libhdf5-dev             # HDF5 C++ API for results
   libyaml-cpp-dev libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
