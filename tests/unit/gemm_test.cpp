@@ -50,6 +50,13 @@ TEST(Gemm, MmMatchesAtenWithAlphaBetaAndTransposedViews) {
   mm_f32_out(c, strided.index({torch::indexing::Slice(), torch::indexing::Slice(0, 20)}), b);
   EXPECT_LT(rel_diff(c, torch::mm(strided, b)), 1e-5);
   EXPECT_THROW(mm_f32_out(c, a, a), c10::Error);  // [48, 20] x [48, 20]
+  // a transposed a times a thin b (the low-rank Q = Mᵀ·P̂), b in both layouts
+  auto m = torch::randn({300, 70}), p = torch::randn({300, 16}), q = torch::empty({70, 16});
+  mm_f32_out(q, m.t(), p);
+  EXPECT_LT(rel_diff(q, torch::mm(m.t(), p)), 1e-5);
+  auto pt = torch::randn({16, 300});
+  mm_f32_out(q, m.t(), pt.t(), 0.5f);
+  EXPECT_LT(rel_diff(q, 0.5 * torch::mm(m.t(), pt.t())), 1e-5);
 }
 
 TEST(Gemm, BatchedMatmulMatchesAtenOnPermutedViews) {
