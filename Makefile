@@ -53,7 +53,8 @@ figures:
 	$(PYTHON) scripts/results_index.py --results results
 	$(PYTHON) scripts/make_figures.py --results results --out paper
 
-# The scale simulator's projection table (paper/projected-speedups.md): predictions, runs nothing.
+# The scale simulator's projection table (paper/projected-speedups.md): predictions, trains nothing
+# (builds optcc first, like every target that needs it).
 projections: build
 	$(PYTHON) scripts/projections.py --optcc $(OPTCC) --output paper/projected-speedups.md
 

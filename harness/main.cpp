@@ -280,11 +280,15 @@ void add_simulate_commands(CLI::App& app, Cli& c) {
   c.simulate->add_option("--machine-profile", o.machine_profile, "with --match-regime: the profile --config computes at");
   c.calibrate = app.add_subcommand("calibrate", "measure this machine for the simulator; writes a profile");
   c.add_config(c.calibrate);
-  c.calibrate->add_option("-o,--output", c.calibrate_opts.output, "profile file to write");
+  c.calibrate->add_option("-o,--output", c.calibrate_opts.output,
+                          "profile file to write (overwrites it; the default is the tracked profile)")
+      ->capture_default_str();
   c.calibrate->add_option("--concurrent", c.calibrate_opts.concurrent,
                           "processes timing at once (default: the config's world, as an emulated run)")
       ->transform(decimal_integer());
-  c.calibrate->add_option("--reps", c.calibrate_opts.reps, "timed repetitions (median)")->transform(decimal_integer());
+  c.calibrate->add_option("--reps", c.calibrate_opts.reps, "timed repetitions (median)")
+      ->transform(decimal_integer())
+      ->capture_default_str();
 }
 
 // The vocabulary, for the analytic commands (traffic, simulate).

@@ -1,6 +1,6 @@
 // Timeline: per-rank events with start and end, for the steps `log.timeline_steps` selects
 // (issue 11). Written to /timeline of the results (harness/timeline_records.h), exported as Chrome
-// trace-event JSON and reduced to the Fig. 10 breakdown by `optcc trace` (harness/trace.h).
+// trace-event JSON and reduced to the Fig. 10 breakdown by `optcc trace` (harness/tools/trace.h, harness/train/breakdown.h).
 //
 // Recording is pull-free and cheap when off: every hook is a TimelineScope (or a Communicator
 // check) that reads one thread-local pointer, Timeline::active(), and does nothing when it is null.

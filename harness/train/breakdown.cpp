@@ -133,7 +133,7 @@ std::string breakdown_text(const std::vector<StepBreakdown>& rows) {
     }
     out += "\n";
   }
-  return out + "(ms on the critical-path rank, whose step ends last; method: harness/trace.h)\n";
+  return out + "(ms on the critical-path rank, whose step ends last; method: harness/train/breakdown.h)\n";
 }
 
 std::string breakdown_line(const StepBreakdown& b) {
