@@ -178,9 +178,24 @@ void validate_compression(const Config& c) {
     fail("compression.backward_phases", "'" + k.backward_phases + "'", "must be all or epilogue",
          "use epilogue for the paper's epilogue-only CB (spec §4), all to compress every send");
   }
-  if (k.lep != "lazy" && k.lep != "off" && k.lep != "per_microbatch") {
-    fail("compression.lep", "'" + k.lep + "'", "must be lazy, off or per_microbatch",
-         "use lazy (the paper's LEP), off (NON-LEP) or per_microbatch (classic error feedback)");
+  if (k.lep != "lazy" && k.lep != "off" && k.lep != "per_microbatch" && k.lep != "lazy_iteration" &&
+      k.lep != "lazy_decay") {
+    fail("compression.lep", "'" + k.lep + "'", "must be lazy, off, per_microbatch, lazy_iteration or lazy_decay",
+         "use lazy (the paper's LEP), off (NON-LEP), per_microbatch (classic error feedback), lazy_iteration "
+         "(one buffer dropped every iteration) or lazy_decay (one buffer carried times compression.lep_decay)");
+  }
+  if (!(k.lep_decay > 0.0 && k.lep_decay <= 1.0)) {
+    fail("compression.lep_decay", fmt::format("{}", k.lep_decay), "must be in (0, 1] (the factor on the carried error)",
+         "use e.g. 0.5; 1 carries the whole error as lep: lazy does");
+  }
+  if (k.lep_decay != 1.0 && k.lep != "lazy_decay") {
+    fail("compression.lep_decay", fmt::format("{}", k.lep_decay),
+         "is only used by compression.lep: lazy_decay (compression.lep is '" + k.lep + "')",
+         "set compression.lep: lazy_decay, or remove compression.lep_decay");
+  }
+  if (c.log.lep_diagnostics && k.pipeline_backward.name == "none") {
+    fail("log.lep_diagnostics", "true", "diagnoses compressed backward sends, so it needs compression.pipeline_backward",
+         "set pipeline_backward: lowrank (e.g. scheme cb), or turn the diagnostics off");
   }
   if (k.tp.name != "none" && k.tp.name != "fp16" && k.tp.name != "bf16") {
     fail("compression.tp", "'" + k.tp.name + "'", "tensor-parallel all-reduces support none, fp16 or bf16",

@@ -125,7 +125,11 @@ struct CompressorSpec {
 ///   pipeline_backward  ActCodec for inter-stage activation gradients; `lowrank` = CB (spec §2).
 ///   backward_phases    which backward sends are compressed: `all` or `epilogue` (spec §4).
 ///   lep                error feedback of compressed backward sends (spec §3): `lazy` (one buffer
-///                      per rank, the paper), `off` (NON-LEP), `per_microbatch` (one per slot).
+///                      per rank, the paper), `off` (NON-LEP), `per_microbatch` (one per slot, m
+///                      buffers), `lazy_iteration` (one buffer, dropped at the end of every
+///                      iteration), `lazy_decay` (one buffer, carried scaled by lep_decay);
+///                      see harness/train/pipeline_codec.h.
+///   lep_decay          β in (0, 1] of lep: lazy_decay (1 = lazy bit for bit); only with lazy_decay.
 ///   tp                 tensor-parallel all-reduces: none, fp16 or bf16 (cast on the wire).
 ///   scheme             a named row of the paper applied before the other keys of the section:
 ///                      baseline | cb | cb_fe | cb_fe_sc | cb_nonlep (spec §8.1); "" = none.
@@ -139,6 +143,7 @@ struct CompressionConfig {
   CompressorSpec pipeline_backward;
   std::string backward_phases = "all";
   std::string lep = "lazy";
+  double lep_decay = 1.0;
   CompressorSpec tp;
   template <class V> void visit(V&& v);
 };
@@ -207,6 +212,7 @@ struct LogConfig {
   int64_t interval = 10;         // steps between progress lines and HDF5 flushes
   std::string level = "info";    // spdlog level: debug | info | warn
   bool lep_orthogonality = false;  // Fig. 11 diagnostic on the last stage (/lep_orthogonality)
+  bool lep_diagnostics = false;    // per compressed backward send, every sending rank (/lep_diagnostics)
   std::vector<int64_t> timeline_steps;  // steps (1-based, as logged) whose per-rank events go to
                                         // /timeline and /breakdown (harness/timeline.h); [] = none,
                                         // and then no event is recorded at all

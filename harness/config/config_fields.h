@@ -66,6 +66,7 @@ template <class V> void CompressionConfig::visit(V&& v) {
   v("pipeline_backward", pipeline_backward);
   v("backward_phases", backward_phases);
   v("lep", lep);
+  v("lep_decay", lep_decay);
   v("tp", tp);
 }
 
@@ -86,6 +87,7 @@ template <class V> void LogConfig::visit(V&& v) {
   v("interval", interval);
   v("level", level);
   v("lep_orthogonality", lep_orthogonality);
+  v("lep_diagnostics", lep_diagnostics);
   v("timeline_steps", timeline_steps);
 }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <stdexcept>
 
 namespace optcc {
@@ -36,20 +37,37 @@ LepMode parse_lep_mode(const std::string& s) {
   if (s == "off") return LepMode::kOff;
   if (s == "lazy") return LepMode::kLazy;
   if (s == "per_microbatch") return LepMode::kPerMicrobatch;
-  throw std::invalid_argument("lep '" + s + "' (known: lazy, off, per_microbatch)");
+  if (s == "lazy_iteration") return LepMode::kLazyIteration;
+  if (s == "lazy_decay") return LepMode::kLazyDecay;
+  throw std::invalid_argument("lep '" + s + "' (known: lazy, off, per_microbatch, lazy_iteration, lazy_decay)");
 }
 
 std::string to_string(BackwardPhases p) { return p == BackwardPhases::kAll ? "all" : "epilogue"; }
 std::string to_string(LepMode m) {
-  return m == LepMode::kOff ? "off" : m == LepMode::kLazy ? "lazy" : "per_microbatch";
+  switch (m) {
+    case LepMode::kOff: return "off";
+    case LepMode::kLazy: return "lazy";
+    case LepMode::kPerMicrobatch: return "per_microbatch";
+    case LepMode::kLazyIteration: return "lazy_iteration";
+    case LepMode::kLazyDecay: return "lazy_decay";
+  }
+  return "?";
 }
 
 PipelineCodec::PipelineCodec(std::unique_ptr<ActCodec> forward, std::unique_ptr<ActCodec> backward,
-                             BackwardPhases phases, LepMode lep)
+                             BackwardPhases phases, LepMode lep, double decay)
     : forward_(drop_none(std::move(forward))),
       backward_(drop_none(std::move(backward))),
       phases_(phases),
-      lep_(lep) {}
+      lep_(lep),
+      decay_(decay) {
+  if (!(decay > 0.0 && decay <= 1.0)) {
+    throw std::invalid_argument(fmt::format("lep decay {} must be in (0, 1]", decay));
+  }
+  if (decay != 1.0 && lep != LepMode::kLazyDecay) {
+    throw std::invalid_argument(fmt::format("lep decay {} is only used by lep lazy_decay, not {}", decay, to_string(lep)));
+  }
+}
 
 bool PipelineCodec::compresses(const P2PMessage& msg, const P2PCall& call) const {
   if (is_forward(msg.dir)) return forward_ != nullptr;
@@ -86,29 +104,38 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
   (forward ? stats_.forward_raw_bytes : stats_.backward_raw_bytes) += raw_bytes;
   ActCodec* c = forward ? forward_.get() : backward_.get();
   if (!compresses(msg, call)) {
+    if (lep_diag_ && !forward) diag_acts_.erase(msg.microbatch);  // only compressed sends are diagnosed
     (forward ? stats_.forward_wire_bytes : stats_.backward_wire_bytes) += raw_bytes;
     return {slice};
   }
   const auto t0 = std::chrono::steady_clock::now();
   TimelineScope event(EventKind::kCompress, Stream::kCompression);  // timeline.h; free when off
   torch::NoGradGuard no_grad;
-  torch::Tensor x = slice.to(torch::kFloat);
+  const torch::Tensor x0 = slice.to(torch::kFloat);
+  torch::Tensor x = x0;
   torch::Tensor* err = nullptr;
+  torch::Tensor carried;  // what is added to this send: the buffer, or β·buffer
+  int carried_age = -1;
+  const int key = lep_key(msg.microbatch);
   if (!forward && lep_ != LepMode::kOff) {
-    err = &lep_buffers_[lep_ == LepMode::kLazy ? 0 : msg.microbatch];
+    err = &lep_buffers_[key];
     if (err->defined()) {
       if (err->numel() != x.numel()) {
         throw std::invalid_argument(fmt::format(
             "pipeline codec: the LEP buffer holds {} elements but this slice has {} (the message "
             "size changed between sends; LEP needs one slice size)", err->numel(), x.numel()));
       }
-      x = x + *err;  // never modifies the caller's tensor
+      carried = lep_ == LepMode::kLazyDecay && decay_ != 1.0 ? *err * decay_ : *err;
+      carried_age = static_cast<int>(iteration_ - lep_made_at_[key]);
+      x = x + carried;  // never modifies the caller's tensor
     }
   }
   Payload p = c->encode(x);
   if (err) {
     TimelineScope lep_event(EventKind::kLepUpdate, Stream::kCompression);
-    *err = c->last_error();  // (slice + old error) − decode(payload)
+    *err = c->last_error();  // (slice + carried) − decode(payload)
+    lep_made_at_[key] = iteration_;
+    lep_peak_bytes_ = std::max(lep_peak_bytes_, lep_bytes());
   }
   if (!forward) stats_.backward_compressed += 1;
   int64_t wire = 0;
@@ -117,6 +144,7 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
   if (check_orth_ && !forward) {
     orth_errors_[msg.microbatch] = err ? err->clone() : c->last_error().clone();
   }
+  if (lep_diag_ && !forward) record_lep_send(msg.microbatch, x0, carried, carried_age, err ? *err : c->last_error());
   stats_.encode_seconds += seconds_since(t0);
   return p.parts;
 }
@@ -136,11 +164,46 @@ torch::Tensor PipelineCodec::decode(const P2PMessage& msg, const P2PCall& call,
   if (check_orth_ && msg.dir == P2PDir::kRecvForward) {
     orth_acts_[msg.microbatch] = slice.detach().to(torch::kFloat).clone();
   }
+  if (lep_diag_ && msg.dir == P2PDir::kRecvForward && backward_) {
+    diag_acts_[msg.microbatch] = slice.detach().to(torch::kFloat).clone();
+  }
   return slice;
 }
 
+// One LepSendRecord; `carried` undefined when nothing was carried. The activation of this
+// micro-batch moves to lep_src_acts_ when the mode keeps the error, for the next carried send.
+void PipelineCodec::record_lep_send(int mb, const torch::Tensor& slice, const torch::Tensor& carried, int carried_age,
+                                    const torch::Tensor& new_error) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto cosine = [&](const torch::Tensor& a, const torch::Tensor& b) {
+    const double d = a.norm().item<double>() * b.norm().item<double>();
+    return d > 0 ? a.dot(b).item<double>() / d : nan;
+  };
+  LepSendRecord r;
+  r.microbatch = mb;
+  r.slice_norm = slice.norm().item<double>();
+  r.error_norm = new_error.norm().item<double>();
+  r.relative_error = r.slice_norm > 0 ? r.error_norm / r.slice_norm : nan;
+  r.carried_age = carried.defined() ? carried_age : -1;
+  r.carried_norm = carried.defined() ? carried.norm().item<double>() : 0.0;
+  r.cos_carried_slice = carried.defined() ? cosine(carried, slice) : nan;
+  r.cos_carried_delta = nan;
+  const int key = lep_key(mb);
+  auto now = diag_acts_.find(mb);
+  auto src = lep_src_acts_.find(key);
+  if (carried.defined() && now != diag_acts_.end() && src != lep_src_acts_.end() &&
+      src->second.numel() == carried.numel() && now->second.numel() == carried.numel()) {
+    r.cos_carried_delta = cosine(carried, src->second - now->second);  // X_src − X_now
+  }
+  lep_records_.push_back(r);
+  if (now != diag_acts_.end()) {
+    if (lep_ != LepMode::kOff) lep_src_acts_[key] = now->second;
+    diag_acts_.erase(now);
+  }
+}
+
 torch::Tensor PipelineCodec::lep_error(int mb) const {
-  auto it = lep_buffers_.find(lep_ == LepMode::kLazy ? 0 : mb);
+  auto it = lep_buffers_.find(lep_key(mb));
   return it == lep_buffers_.end() ? torch::Tensor() : it->second;
 }
 
@@ -163,8 +226,20 @@ int64_t PipelineCodec::codec_state_bytes() const {
 }
 
 void PipelineCodec::begin_step() {
+  iteration_ += 1;
+  lep_peak_bytes_ = lep_bytes();
   orth_acts_.clear();
   orth_errors_.clear();
+  lep_records_.clear();
+  diag_acts_.clear();
+}
+
+void PipelineCodec::end_step() {
+  if (lep_ != LepMode::kLazyIteration) return;
+  lep_peak_bytes_ = std::max(lep_peak_bytes_, lep_bytes());
+  lep_buffers_.clear();  // no error crosses the optimizer step
+  lep_made_at_.clear();
+  lep_src_acts_.clear();
 }
 
 OrthogonalityRecord PipelineCodec::orthogonality() const {
@@ -223,6 +298,7 @@ void PipelineCodec::load(torch::serialize::InputArchive& archive) {
     torch::Tensor t;
     lep.read(std::to_string(mb), t);
     lep_buffers_[static_cast<int>(mb)] = t;
+    lep_made_at_[static_cast<int>(mb)] = iteration_;  // made in the iteration before the next begin_step()
   }
   check_loaded_state();
 }
@@ -255,8 +331,8 @@ std::vector<TensorSpec> PipelineCodec::expected_state() const {
     if (!codecs[i] || slices[i] <= 0) continue;
     for (auto spec : codecs[i]->state_for(slices[i])) out.push_back({names[i] + ("." + spec.name), spec.shape});
   }
-  if (!backward_ || slices[1] <= 0 || lep_ == LepMode::kOff) return out;
-  if (lep_ == LepMode::kLazy) {
+  if (!backward_ || slices[1] <= 0 || lep_ == LepMode::kOff || lep_ == LepMode::kLazyIteration) return out;
+  if (lep_ != LepMode::kPerMicrobatch) {
     out.push_back({"lep", {slices[1]}});
   } else {
     for (int64_t mb = 0; mb < expected_->microbatches; ++mb) out.push_back({"lep." + std::to_string(mb), {slices[1]}});
@@ -274,15 +350,17 @@ std::vector<TensorSpec> PipelineCodec::held_state() const {
   }
   for (const auto& [mb, t] : lep_buffers_) {
     if (!t.defined()) continue;
-    out.push_back({lep_ == LepMode::kLazy ? std::string("lep") : "lep." + std::to_string(mb), t.sizes().vec()});
+    out.push_back({lep_ != LepMode::kPerMicrobatch ? std::string("lep") : "lep." + std::to_string(mb), t.sizes().vec()});
   }
   return out;
 }
 
 std::shared_ptr<PipelineCodec> PipelineCodec::fork() const {
   auto f = std::make_shared<PipelineCodec>(forward_ ? forward_->clone() : nullptr,
-                                           backward_ ? backward_->clone() : nullptr, phases_, lep_);
+                                           backward_ ? backward_->clone() : nullptr, phases_, lep_, decay_);
   for (const auto& [mb, t] : lep_buffers_) f->lep_buffers_[mb] = t.defined() ? t.clone() : t;
+  f->lep_made_at_ = lep_made_at_;
+  f->iteration_ = iteration_;
   f->expected_ = expected_;
   return f;
 }

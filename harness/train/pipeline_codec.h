@@ -12,6 +12,12 @@
 //     iteration) and replaced by that send's error: sent + new error = slice + old error.
 //     kPerMicrobatch keeps one buffer per micro-batch slot (classic error feedback, the alternative
 //     the paper argues against; m buffers); kOff drops the error (the NON-LEP ablation).
+//     Two variants keep LEP's one-buffer memory (issue 16's study): kLazyIteration drops the
+//     buffer at the end of every iteration (end_step), so no error is carried across an optimizer
+//     step into other weights and other tokens; kLazyDecay carries β·error (β = `decay` in (0, 1];
+//     β = 1 is kLazy bit for bit): sent + new error = slice + β·old error.
+//     Memory per rank (one backward slice = S bytes in fp32): off 0, lazy / lazy_iteration /
+//     lazy_decay S, per_microbatch m·S.
 //   - Forward activations go through the forward codec when one is given (an ablation baseline;
 //     the paper never compresses them). No error feedback on forward messages.
 // A codec named `none` (or null) leaves its direction uncompressed: the slice itself travels in
@@ -22,7 +28,14 @@
 // Encoding runs in fp32 (the slice is cast when the link's dtype differs); compressed parts travel
 // in the codec's wire dtypes (lowrank: fp32 P̂ and Q whatever the training dtype, spec §10 item 5).
 //
-// Diagnostics (spec §3.3, Fig. 11), off unless enabled: on each rank, per step, the received
+// LEP diagnostics (issue 16), off unless enabled: one LepSendRecord per compressed backward send,
+// cheap enough to leave on (a few dot products over the slice, one copy of each received forward
+// activation slice until its backward send): the relative compression error ‖e_new‖/‖slice‖, the
+// cosine of the carried error with the slice it is added to, and Fig. 11's cosine of the carried
+// error with the activation change X_src − X_now between the micro-batch that left the error and
+// the one it is added to (on this TP rank's slice; across iterations when the error was carried over).
+//
+// Fig. 11 check (spec §3.3), off unless enabled: on each rank, per step, the received
 // forward activation slice of every micro-batch (before the TP all-gather, so it is this TP rank's
 // slice) and the LEP error left by each compressed backward send; orthogonality() then gives, for
 // successive micro-batches j, j+1 with both recorded, cos(e_j, X_j − X_{j+1}), mean(e_j) and
@@ -31,6 +44,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -43,9 +57,10 @@
 namespace optcc {
 
 enum class BackwardPhases { kAll, kEpilogue };
-enum class LepMode { kOff, kLazy, kPerMicrobatch };
+enum class LepMode { kOff, kLazy, kPerMicrobatch, kLazyIteration, kLazyDecay };
 
-/// "all" | "epilogue"; "off" | "lazy" | "per_microbatch". std::invalid_argument otherwise.
+/// "all" | "epilogue"; "off" | "lazy" | "per_microbatch" | "lazy_iteration" | "lazy_decay".
+/// std::invalid_argument otherwise.
 BackwardPhases parse_backward_phases(const std::string& s);
 LepMode parse_lep_mode(const std::string& s);
 std::string to_string(BackwardPhases p);
@@ -64,6 +79,19 @@ struct PipelineCodecStats {
   double decode_seconds = 0;              // wall time in decode() of compressed messages, s
 };
 
+/// One compressed backward send's LEP diagnostics (issue 16). Norms are L2 over this rank's fp32
+/// slice; cosines are NaN where undefined (no carried error, a zero vector, no activation known).
+struct LepSendRecord {
+  int microbatch = 0;
+  double slice_norm = 0;           // ‖slice‖ (the activation gradient before compensation)
+  double carried_norm = 0;         // ‖carried error‖ as added (β·e for lazy_decay); 0 when none
+  double error_norm = 0;           // ‖new error‖ = ‖(slice + carried) − decode(payload)‖
+  double relative_error = 0;       // error_norm / slice_norm (NaN when the slice is zero)
+  double cos_carried_slice = 0;    // cos(carried, slice)
+  double cos_carried_delta = 0;    // cos(carried, X_src − X_now), Fig. 11's quantity
+  int carried_age = -1;            // iterations since the carried error was made: 0 same, 1 the previous; -1 none
+};
+
 /// Fig. 11 series for one step (spec §3.3), one entry per successive pair (j, j+1).
 struct OrthogonalityRecord {
   std::vector<int> microbatch;     // j
@@ -75,8 +103,10 @@ struct OrthogonalityRecord {
 class PipelineCodec : public MessageCodec {
  public:
   /// `forward` / `backward`: codecs of the two directions; null or `none` = uncompressed.
+  /// `decay`: β of kLazyDecay, in (0, 1] (std::invalid_argument otherwise, or when β ≠ 1 with
+  /// another mode: a setting that would be ignored).
   PipelineCodec(std::unique_ptr<ActCodec> forward, std::unique_ptr<ActCodec> backward,
-                BackwardPhases phases, LepMode lep);
+                BackwardPhases phases, LepMode lep, double decay = 1.0);
 
   /// Whether this message is compressed (both ends of a message give the same answer).
   bool compresses(const P2PMessage& msg, const P2PCall& call) const;
@@ -92,21 +122,35 @@ class PipelineCodec : public MessageCodec {
   torch::Tensor decode(const P2PMessage& msg, const P2PCall& call,
                        const std::vector<torch::Tensor>& wire, int64_t slice_numel) override;
 
-  /// The LEP buffer: kLazy: the one buffer (micro-batch ignored); kPerMicrobatch: slot `mb`.
-  /// Undefined before the first compressed send (or for kOff). [slice_numel] fp32.
+  /// The LEP buffer: the one buffer (micro-batch ignored) or, for kPerMicrobatch, slot `mb`.
+  /// Undefined before the first compressed send, after end_step() for kLazyIteration, and for
+  /// kOff. [slice_numel] fp32.
   torch::Tensor lep_error(int mb = 0) const;
-  /// Bytes held by LEP buffers (Fig. 12 component).
+  /// Bytes held by LEP buffers now.
   int64_t lep_bytes() const;
+  /// The most bytes LEP buffers held at once since begin_step() (the Fig. 12 component: for
+  /// kLazyIteration the buffer is gone after end_step() but was held during the step).
+  int64_t lep_peak_bytes() const { return std::max(lep_peak_bytes_, lep_bytes()); }
   /// Bytes of codec state (lowrank's warm-start Q of both directions; Fig. 12 "P/Q buffers").
   int64_t codec_state_bytes() const;
 
   const PipelineCodecStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
-  /// Fig. 11 diagnostic; call begin_step() before each step and orthogonality() after it.
-  void enable_orthogonality_check(bool on) { check_orth_ = on; }
+  /// Call begin_step() before each iteration's pipeline schedule and end_step() after it (every
+  /// rank of the pipeline; evaluation between steps uses a fork()). end_step() drops the buffer of
+  /// kLazyIteration; begin_step() clears the per-step diagnostics.
   void begin_step();
+  void end_step();
+
+  /// Fig. 11 diagnostic; orthogonality() after a step gives its series.
+  void enable_orthogonality_check(bool on) { check_orth_ = on; }
   OrthogonalityRecord orthogonality() const;
+
+  /// LEP diagnostics (see the top of this file); lep_diagnostics() after a step gives one record per
+  /// compressed backward send of the step, in send order.
+  void enable_lep_diagnostics(bool on) { lep_diag_ = on; }
+  const std::vector<LepSendRecord>& lep_diagnostics() const { return lep_records_; }
 
   /// Sender state: codec states (lowrank Q, generator) and LEP buffers, for checkpoints (BR-03).
   /// After expect_messages(), load() checks every saved state tensor against expected_state() and
@@ -120,7 +164,7 @@ class PipelineCodec : public MessageCodec {
   /// micro-batches per step. Declared by the owner before load().
   void expect_messages(int64_t forward_slice, int64_t backward_slice, int64_t microbatches);
   /// The state this codec keeps for those messages, by name: "forward.q" / "backward.q" (the
-  /// codec's ActCodec::state_for, e.g. lowrank's Q [cols, r]), "lep" (kLazy) or "lep.<mb>"
+  /// codec's ActCodec::state_for, e.g. lowrank's Q [cols, r]), "lep" (lazy, lazy_decay) or "lep.<mb>"
   /// (kPerMicrobatch, mb < microbatches), each [backward_slice]. Empty before expect_messages().
   std::vector<TensorSpec> expected_state() const;
 
@@ -131,8 +175,12 @@ class PipelineCodec : public MessageCodec {
 
   BackwardPhases phases() const { return phases_; }
   LepMode lep() const { return lep_; }
+  double lep_decay() const { return decay_; }
 
  private:
+  int lep_key(int mb) const { return lep_ == LepMode::kPerMicrobatch ? mb : 0; }
+  void record_lep_send(int mb, const torch::Tensor& slice, const torch::Tensor& carried, int carried_age,
+                       const torch::Tensor& new_error);
   const ActCodec* codec_for(const P2PMessage& msg, const P2PCall& call) const;
   std::vector<TensorSpec> held_state() const;  // named as in expected_state()
   void check_loaded_state() const;             // held vs expected; StateMismatch
@@ -144,7 +192,15 @@ class PipelineCodec : public MessageCodec {
   std::unique_ptr<ActCodec> backward_;  // null = identity
   BackwardPhases phases_;
   LepMode lep_;
-  std::map<int, torch::Tensor> lep_buffers_;  // kLazy: key 0 only; kPerMicrobatch: per mb
+  double decay_ = 1.0;
+  std::map<int, torch::Tensor> lep_buffers_;  // key lep_key(mb): 0 only, or per mb (kPerMicrobatch)
+  std::map<int, int64_t> lep_made_at_;        // key -> iteration (begin_step count) that left its error
+  int64_t iteration_ = 0;                     // begin_step() calls
+  int64_t lep_peak_bytes_ = 0;
+  bool lep_diag_ = false;
+  std::vector<LepSendRecord> lep_records_;    // this step's
+  std::map<int, torch::Tensor> diag_acts_;    // mb -> received forward activation slice (this step)
+  std::map<int, torch::Tensor> lep_src_acts_; // key -> activation slice of the send that left the error
   PipelineCodecStats stats_;
   bool check_orth_ = false;
   std::map<int, torch::Tensor> orth_acts_;    // mb -> received activation slice (copy)

@@ -112,6 +112,20 @@ std::vector<TableSpec> component_tables() {
         {"cosine", ColumnType::kFloat64, ""},
         {"error_mean", ColumnType::kFloat64, ""},
         {"delta_mean", ColumnType::kFloat64, ""}}},
+      // LEP diagnostics (issue 16), when log.lep_diagnostics is on: one row per compressed backward
+      // send (step, rank, micro-batch); pipeline_codec.h's LepSendRecord. Norms are L2 over the
+      // rank's fp32 slice; NaN where undefined; carried_age -1 = nothing carried.
+      {"lep_diagnostics",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"microbatch", ColumnType::kInt64, ""},
+        {"slice_norm", ColumnType::kFloat64, ""},
+        {"carried_norm", ColumnType::kFloat64, ""},
+        {"error_norm", ColumnType::kFloat64, ""},
+        {"relative_error", ColumnType::kFloat64, ""},
+        {"cos_carried_slice", ColumnType::kFloat64, ""},
+        {"cos_carried_delta", ColumnType::kFloat64, ""},
+        {"carried_age", ColumnType::kInt64, "steps"}}},
       // Every rank's own timing of each step (BR-19): its pipeline schedule, then the whole step.
       {"timing",
        {{"step", ColumnType::kInt64, "steps"},
@@ -143,13 +157,15 @@ namespace {
 struct RecordLayout {
   static constexpr int kPer = 4;    // bytes, calls, seconds, emulated seconds per (class, link)
   static constexpr int kCodec = 9;  // pipeline codec stats
-  int64_t traffic_width = 0, tensors_at = 0, codec_at = 0, orth_at = 0, memory_at = 0, width = 0;
+  static constexpr int kLepSend = 8;  // one LepSendRecord
+  int64_t traffic_width = 0, tensors_at = 0, codec_at = 0, orth_at = 0, lep_at = 0, memory_at = 0, width = 0;
   explicit RecordLayout(const StepExtras& x)
       : traffic_width(kNumTraffic * 2 * kPer),
         tensors_at(traffic_width + 3),
         codec_at(tensors_at + 1 + 4 * x.max_dp_tensors),
         orth_at(codec_at + kCodec),
-        memory_at(orth_at + 1 + 4 * x.max_orth_pairs),
+        lep_at(orth_at + 1 + 4 * x.max_orth_pairs),
+        memory_at(lep_at + 1 + kLepSend * x.max_lep_sends),
         width(memory_at + kMemoryComponents) {}
 };
 
@@ -198,6 +214,18 @@ void pack_compression(at::TensorAccessor<double, 1>& a, const RecordLayout& lay,
       a[o] = orth.microbatch[i], a[o + 1] = orth.cosine[i], a[o + 2] = orth.error_mean[i], a[o + 3] = orth.delta_mean[i];
     }
   }
+  if (x.max_lep_sends > 0) {
+    const auto& recs = x.codec->lep_diagnostics();
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(recs.size()), x.max_lep_sends);
+    a[lay.lep_at] = static_cast<double>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const LepSendRecord& e = recs[i];
+      const double v[RecordLayout::kLepSend] = {static_cast<double>(e.microbatch), e.slice_norm, e.carried_norm,
+                                                e.error_norm, e.relative_error, e.cos_carried_slice,
+                                                e.cos_carried_delta, static_cast<double>(e.carried_age)};
+      for (int j = 0; j < RecordLayout::kLepSend; ++j) a[lay.lep_at + 1 + RecordLayout::kLepSend * i + j] = v[j];
+    }
+  }
 }
 
 // Rank r's rows of the step, from its gathered row g.
@@ -228,6 +256,11 @@ void append_rank_rows(MetricsSink& sink, int64_t step, int64_t r, at::TensorAcce
   for (int64_t i = 0; i < i64(g[lay.orth_at]); ++i) {
     const int64_t o = lay.orth_at + 1 + 4 * i;
     sink.append("lep_orthogonality", {step, r, i64(g[o]), g[o + 1], g[o + 2], g[o + 3]});
+  }
+  for (int64_t i = 0; i < i64(g[lay.lep_at]); ++i) {
+    const int64_t o = lay.lep_at + 1 + RecordLayout::kLepSend * i;
+    sink.append("lep_diagnostics", {step, r, i64(g[o]), g[o + 1], g[o + 2], g[o + 3], g[o + 4], g[o + 5], g[o + 6],
+                                    i64(g[o + 7])});
   }
 }
 

@@ -22,7 +22,7 @@
 namespace optcc {
 
 /// The HDF5 groups of a run: train, eval, traffic, memory, timing, dp_tensors, pipeline_codec,
-/// memory_components, lep_orthogonality (columns and units documented in run_records.cpp).
+/// memory_components, lep_orthogonality, lep_diagnostics (columns and units documented in run_records.cpp).
 std::vector<TableSpec> result_tables();
 
 /// Validation perplexity exp(loss), capped at exp(kPerplexityLossCap) so a diverged run does not
@@ -50,11 +50,12 @@ struct StepExtras {
   int64_t max_dp_tensors = 0;          // max over ranks of the DP tensor count
   PipelineCodec* codec = nullptr;
   int64_t max_orth_pairs = 0;          // m - 1 when the Fig. 11 check is on, else 0
+  int64_t max_lep_sends = 0;           // m when log.lep_diagnostics is on, else 0
 };
 
 /// Gathers this step's records of every rank to all ranks and, on the rank holding `sink`,
 /// appends them (traffic, memory, timing, dp_tensors, pipeline_codec, memory_components,
-/// lep_orthogonality). Resets the rank's TrafficMeter and the codec's stats.
+/// lep_orthogonality, lep_diagnostics). Resets the rank's TrafficMeter and the codec's stats.
 void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double pipeline_seconds, double step_seconds,
                        const StepExtras& x);
 

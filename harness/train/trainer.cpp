@@ -407,8 +407,9 @@ void Trainer::build_pipeline() {
   codec_ = std::make_shared<PipelineCodec>(
       make_act_codec(comp.pipeline_forward.name, pipeline_codec_options(cfg_, comp.pipeline_forward)),
       make_act_codec(comp.pipeline_backward.name, pipeline_codec_options(cfg_, comp.pipeline_backward)),
-      parse_backward_phases(comp.backward_phases), parse_lep_mode(comp.lep));
+      parse_backward_phases(comp.backward_phases), parse_lep_mode(comp.lep), comp.lep_decay);
   codec_->enable_orthogonality_check(cfg_.log.lep_orthogonality && range_.is_last && stages_ > 1);
+  codec_->enable_lep_diagnostics(cfg_.log.lep_diagnostics && !range_.is_first);  // the stages that send backward
   link_ = std::make_unique<StageLink>(*d_.pp, d_.tp.get(), StageLinkShapes{act_shape_, act_shape_}, torch::kFloat,
                                       codec_);
   if (comp.tp.name != "none" && d_.tp) {  // before SC's calibration step and evaluation (TP all-reduces)
@@ -500,6 +501,7 @@ void Trainer::build_records() {
   d_.world->all_reduce(n, Traffic::kControl, /*max=*/true);
   extras_->max_dp_tensors = n.item<int64_t>();
   extras_->max_orth_pairs = cfg_.log.lep_orthogonality ? std::max<int64_t>(0, m_ - 1) : 0;
+  extras_->max_lep_sends = cfg_.log.lep_diagnostics ? m_ : 0;
   all_dp_names_ = gather_names(d_, grad_sync_->dp_tensor_names());
   sc_stages_ = sc_stages_text(cfg_, sc_compress_);
   if (range_.is_first || range_.is_last) {  // the stages that load micro-batches
@@ -621,6 +623,7 @@ Trainer::StepResult Trainer::step() {
   memory_->reset_peak();
   const int64_t before_schedule = memory_->allocated();
   const auto pipe = run_pipeline_step(*pipeline_, *stage_fn_, *link_, static_cast<int>(m_));
+  codec_->end_step();  // lep: lazy_iteration drops its buffer here
   const int64_t activations_peak = memory_->peak() - before_schedule;
   update(r);  // gradient sync, clip, AdamW (or skip, BR-01)
   // The loss lives on the last stage: average over data-parallel replicas, known everywhere.
@@ -670,7 +673,7 @@ void Trainer::record_step(const StepResult& r, double pipeline_seconds, int64_t 
   const GradReducer* emb = grad_sync_->embedding_reducer();
   const GradReducer& dpr = grad_sync_->dp_reducer();
   extras_->memory = {param_bytes, grad_bytes, optimizer_state_bytes(*optimizer_), activations_peak,
-                     codec_->lep_bytes(), dpr.error_feedback_bytes() + (emb ? emb->error_feedback_bytes() : 0),
+                     codec_->lep_peak_bytes(), dpr.error_feedback_bytes() + (emb ? emb->error_feedback_bytes() : 0),
                      dpr.factor_bytes() + (emb ? emb->factor_bytes() : 0) + codec_->codec_state_bytes(), memory_->peak()};
   record_rank_stats(d_, sink_.get(), state_.step, pipeline_seconds, r.seconds, *extras_);
   if (sink_) sink_->append("train", {state_.step, r.loss, r.lr, r.grad_norm, r.seconds, tokens_per_step_ / r.seconds});

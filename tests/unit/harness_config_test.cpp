@@ -329,6 +329,25 @@ TEST(Config, SchemesSetThePaperRowsAndExplicitKeysOverrideThem) {
   EXPECT_EQ(validate_error(fig11), "");
   fig11.compression.lep = "off";
   EXPECT_THAT(validate_error(fig11), HasSubstr("log.lep_orthogonality = true"));
+  // LEP variants (issue 16): lep_decay is a factor in (0, 1] and only lazy_decay reads it.
+  Config decay = load_config("", {"compression.scheme=cb", "compression.lep=lazy_decay", "compression.lep_decay=0.5"});
+  decay.model.vocab_size = 100;
+  EXPECT_EQ(validate_error(decay), "");
+  decay.compression.lep_decay = 0.0;
+  EXPECT_THAT(validate_error(decay), HasSubstr("compression.lep_decay = 0: must be in (0, 1]"));
+  decay.compression.lep_decay = 0.5;
+  decay.compression.lep = "lazy";
+  EXPECT_THAT(validate_error(decay), HasSubstr("is only used by compression.lep: lazy_decay"));
+  decay.compression.lep = "lazy_iteration";
+  decay.compression.lep_decay = 1.0;
+  EXPECT_EQ(validate_error(decay), "");
+  decay.compression.lep = "lazy_iter";
+  EXPECT_THAT(validate_error(decay), HasSubstr("lazy_iteration or lazy_decay"));
+  Config diag = load_config("", {"log.lep_diagnostics=true"});
+  diag.model.vocab_size = 100;
+  EXPECT_THAT(validate_error(diag), HasSubstr("log.lep_diagnostics = true"));
+  diag.compression.pipeline_backward.name = "lowrank";
+  EXPECT_EQ(validate_error(diag), "");
   Config base = load_config("", {"compression.scheme=cb", "compression.scheme=baseline"});  // resets
   base.compression.scheme = "";
   EXPECT_EQ(to_yaml(base), to_yaml(Config{}));

@@ -336,6 +336,52 @@ TEST(OptimusCc, Fig11SeriesOnTheLastStage) {
   }
 }
 
+// LEP diagnostics (issue 16) with lazy_iteration on every backward send: one row per compressed
+// send of every rank that sends backward (stage 1), each iteration starting with nothing carried
+// (carried_age -1 on micro-batch 0, 0 after), relative errors of a lossy rank-2 codec.
+TEST(OptimusCc, LepDiagnosticsRowPerCompressedSend) {
+  testing::TempDir dir;
+  testing::write_synthetic_corpus(dir / "corpus", 64, 300);
+  Config cfg = parity_config(dir, {2, 2, 1});
+  cfg.train.train_steps = 2;  // m = 4 micro-batches
+  cfg.compression.pipeline_backward.name = "lowrank";
+  cfg.compression.pipeline_backward.options = YAML::Load("{rank: 2}");
+  cfg.compression.lep = "lazy_iteration";
+  cfg.log.lep_diagnostics = true;
+  TrainOptions opt;
+  opt.quiet = true;
+  std::vector<TrainSummary> out(4);
+  testing::run_layout({2, 2, 1}, [&](int rank, Distributed& dist) { out[rank] = run_training(cfg, opt, dist); });
+  H5::H5File f(out[0].results_path, H5F_ACC_RDONLY);
+  const auto rank = read_column(f, "/lep_diagnostics/rank"), mb = read_column(f, "/lep_diagnostics/microbatch");
+  const auto age = read_column(f, "/lep_diagnostics/carried_age");
+  ASSERT_EQ(rank.size(), 2u * 2 * 4);  // steps x stage-1 ranks x sends
+  auto doubles = [&](const char* name) {
+    std::vector<double> v(rank.size());
+    f.openDataSet(std::string("/lep_diagnostics/") + name).read(v.data(), H5::PredType::NATIVE_DOUBLE);
+    return v;
+  };
+  const auto rel = doubles("relative_error"), cos_delta = doubles("cos_carried_delta");
+  const auto slice = doubles("slice_norm"), carried = doubles("carried_norm"), err = doubles("error_norm");
+  for (size_t i = 0; i < rank.size(); ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_GE(rank[i], 2);
+    EXPECT_EQ(age[i], mb[i] == 0 ? -1 : 0);  // lazy_iteration: nothing crosses a step
+    EXPECT_GT(rel[i], 1e-3);                 // rank 2 of a 32x16 slice is lossy
+    EXPECT_NEAR(rel[i], err[i] / slice[i], 1e-9);
+    // Lowrank's P̂·(Mᵀ P̂)ᵀ is a projection of M = slice + carried: the residual is no longer than M.
+    EXPECT_LE(err[i], slice[i] + carried[i] + 1e-6);
+    if (mb[i] == 0) {
+      EXPECT_LE(rel[i], 1.0 + 1e-6);
+      EXPECT_EQ(carried[i], 0.0);
+      EXPECT_TRUE(std::isnan(cos_delta[i]));
+    } else {
+      EXPECT_LE(std::abs(cos_delta[i]), 1.0 + 1e-9);
+      EXPECT_GT(std::abs(cos_delta[i]), 0.0);
+    }
+  }
+}
+
 void check_optimus_cc_results(const std::vector<TrainSummary>& out) {
   H5::H5File f(out[0].results_path, H5F_ACC_RDONLY);
   const auto step = read_column(f, "/traffic/step"), rank = read_column(f, "/traffic/rank");

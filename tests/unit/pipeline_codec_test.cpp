@@ -4,6 +4,10 @@
 //     including m < p, and stage k compresses exactly min(m, p - k) sends (spec §4);
 //   - LEP conservation: sent + new error = slice + old error (spec §3.1), one buffer (lazy), one per
 //     micro-batch (per_microbatch) or none (off);
+//   - issue 16's variants: lazy_iteration starts every iteration with an empty buffer (and keeps
+//     none in a checkpoint), lazy_decay with β = 1 is lazy bit for bit and with β = 0.5 conserves
+//     sent + new error = slice + β·old error; the per-send diagnostics equal norms and cosines
+//     computed here from the same tensors;
 //   - every codec crosses a real pipeline with TP scatter-gather: the receiver gets the sender's
 //     decode(encode(x)), wire bytes equal the codec's payload formula, `none` is bit-identical to
 //     the uncompressed link;
@@ -11,6 +15,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -151,6 +156,139 @@ TEST(PipelineCodecLep, UncompressedSendsLeaveTheBufferAndSaveLoadRoundTrips) {
   const auto a = codec->encode(flush.messages[0], flush, x), b = copy->encode(flush.messages[0], flush, x);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i]));
   EXPECT_TRUE(torch::equal(codec->lep_error(), copy->lep_error()));
+}
+
+// ---- LEP variants that keep one buffer (issue 16) ---------------------------------------------
+
+// A compressed backward send of micro-batch `mb`; returns what the receiver decodes.
+torch::Tensor send(PipelineCodec& codec, int mb, const torch::Tensor& slice, std::vector<torch::Tensor>* wire = nullptr) {
+  const P2PCall call{{{P2PDir::kSendBackward, mb, 0}}, PipePhase::kSteady, true};
+  auto w = codec.encode(call.messages[0], call, slice);
+  if (wire) *wire = w;
+  const P2PMessage recv{P2PDir::kRecvBackward, mb, 1};
+  return codec.decode(recv, call, w, slice.numel());
+}
+
+// lazy_iteration: within an iteration it is lazy (sent + new error = slice + old error); the
+// buffer is empty at the start of every iteration, so the first send of each carries nothing.
+TEST(PipelineCodecLep, LazyIterationStartsEveryIterationEmpty) {
+  const int64_t n = 6 * 8;
+  auto codec = cb(2, 8, BackwardPhases::kAll, LepMode::kLazyIteration);
+  torch::manual_seed(3);
+  for (int it = 0; it < 3; ++it) {
+    SCOPED_TRACE(fmt::format("iteration {}", it));
+    codec->begin_step();
+    EXPECT_FALSE(codec->lep_error().defined());
+    EXPECT_EQ(codec->lep_bytes(), 0);
+    for (int mb = 0; mb < 3; ++mb) {
+      const torch::Tensor slice = torch::randn({n});
+      const torch::Tensor old = codec->lep_error(mb);
+      EXPECT_EQ(old.defined(), mb > 0);  // one buffer, made by this iteration's earlier sends only
+      const torch::Tensor sent = send(*codec, mb, slice);
+      const torch::Tensor fresh = codec->lep_error(mb);
+      EXPECT_TRUE(torch::allclose(sent + fresh, old.defined() ? slice + old : slice, 1e-6, 1e-6)) << "mb " << mb;
+    }
+    EXPECT_EQ(codec->lep_bytes(), n * 4);
+    codec->end_step();
+    EXPECT_FALSE(codec->lep_error().defined());
+    EXPECT_EQ(codec->lep_bytes(), 0);
+    EXPECT_EQ(codec->lep_peak_bytes(), n * 4);  // held during the step: the Fig. 12 component
+  }
+  codec->expect_messages(0, n, 3);
+  const auto state = codec->expected_state();  // no LEP buffer outlives a step, so none is checkpointed
+  ASSERT_EQ(state.size(), 1u);
+  EXPECT_EQ(state[0].name, "backward.q");
+}
+
+// lazy_decay with β = 1 is lazy bit for bit, across iterations; β = 0.5 carries half the error:
+// sent + new error = slice + β · old error.
+TEST(PipelineCodecLep, DecayOneIsLazyBitForBitAndDecayHalfCarriesHalf) {
+  const int64_t n = 6 * 8;
+  auto lazy = cb(2, 8, BackwardPhases::kAll, LepMode::kLazy);
+  YAML::Node o = opts({{"rank", 2}, {"hidden", 8}});
+  o["orthogonalize"] = "mgs";
+  auto one = std::make_shared<PipelineCodec>(nullptr, make_act_codec("lowrank", o), BackwardPhases::kAll,
+                                             LepMode::kLazyDecay, 1.0);
+  auto half = std::make_shared<PipelineCodec>(nullptr, make_act_codec("lowrank", o), BackwardPhases::kAll,
+                                              LepMode::kLazyDecay, 0.5);
+  torch::manual_seed(5);
+  for (int it = 0; it < 2; ++it) {
+    for (auto* c : {lazy.get(), one.get(), half.get()}) c->begin_step();
+    for (int mb = 0; mb < 3; ++mb) {
+      SCOPED_TRACE(fmt::format("iteration {} mb {}", it, mb));
+      const torch::Tensor slice = torch::randn({n});
+      std::vector<torch::Tensor> wa, wb;
+      send(*lazy, mb, slice, &wa);
+      send(*one, mb, slice, &wb);
+      ASSERT_EQ(wa.size(), wb.size());
+      for (size_t i = 0; i < wa.size(); ++i) EXPECT_TRUE(torch::equal(wa[i], wb[i]));
+      EXPECT_TRUE(torch::equal(lazy->lep_error(), one->lep_error()));
+      const torch::Tensor old = half->lep_error();
+      const torch::Tensor sent = send(*half, mb, slice);
+      const torch::Tensor expected = old.defined() ? slice + 0.5 * old : slice;
+      EXPECT_TRUE(torch::allclose(sent + half->lep_error(), expected, 1e-6, 1e-6));
+      EXPECT_GT(half->lep_error().abs().max().item<double>(), 1e-3);
+    }
+    for (auto* c : {lazy.get(), one.get(), half.get()}) c->end_step();  // nothing dropped
+    EXPECT_TRUE(half->lep_error().defined());
+  }
+  for (double bad : {0.0, -0.5, 1.5}) {
+    EXPECT_THROW(PipelineCodec(nullptr, nullptr, BackwardPhases::kAll, LepMode::kLazyDecay, bad), std::invalid_argument);
+  }
+  // A decay that a mode would ignore is refused, not accepted silently.
+  EXPECT_THROW(PipelineCodec(nullptr, nullptr, BackwardPhases::kAll, LepMode::kLazy, 0.5), std::invalid_argument);
+  EXPECT_EQ(parse_lep_mode("lazy_iteration"), LepMode::kLazyIteration);
+  EXPECT_EQ(to_string(parse_lep_mode("lazy_decay")), "lazy_decay");
+  EXPECT_THROW(parse_lep_mode("lazy_iterations"), std::invalid_argument);
+}
+
+// Diagnostics: per compressed send, ‖e_new‖/‖slice‖, cos(carried, slice) and Fig. 11's
+// cos(carried, X_src − X_now) against values computed here from the same tensors.
+TEST(PipelineCodecLep, DiagnosticsGiveNormsAndCosinesOfEachSend) {
+  const int64_t n = 6 * 8;
+  auto codec = cb(2, 8, BackwardPhases::kAll, LepMode::kLazy);
+  codec->enable_lep_diagnostics(true);
+  auto cosine = [](const torch::Tensor& a, const torch::Tensor& b) {
+    return a.dot(b).item<double>() / (a.norm().item<double>() * b.norm().item<double>());
+  };
+  const P2PCall fwd{{{P2PDir::kRecvForward, 0, 0}}, PipePhase::kSteady, false};
+  auto receive = [&](int mb, const torch::Tensor& x) {
+    P2PMessage m{P2PDir::kRecvForward, mb, 0};
+    return codec->decode(m, fwd, {x}, n);
+  };
+  torch::manual_seed(11);
+  std::map<int, torch::Tensor> acts;
+  torch::Tensor err, src_act;
+  for (int it = 0; it < 2; ++it) {
+    codec->begin_step();
+    EXPECT_TRUE(codec->lep_diagnostics().empty());
+    for (int mb = 0; mb < 2; ++mb) acts[mb] = receive(mb, torch::randn({n})).clone();
+    for (int mb = 0; mb < 2; ++mb) {
+      SCOPED_TRACE(fmt::format("iteration {} mb {}", it, mb));
+      const torch::Tensor slice = torch::randn({n});
+      send(*codec, mb, slice);
+      const LepSendRecord& r = codec->lep_diagnostics().back();
+      EXPECT_EQ(r.microbatch, mb);
+      EXPECT_NEAR(r.slice_norm, slice.norm().item<double>(), 1e-5);
+      EXPECT_NEAR(r.error_norm, codec->lep_error().norm().item<double>(), 1e-5);
+      EXPECT_NEAR(r.relative_error, r.error_norm / r.slice_norm, 1e-12);
+      if (!err.defined()) {  // the very first send carries nothing
+        EXPECT_EQ(r.carried_age, -1);
+        EXPECT_EQ(r.carried_norm, 0.0);
+        EXPECT_TRUE(std::isnan(r.cos_carried_slice));
+        EXPECT_TRUE(std::isnan(r.cos_carried_delta));
+      } else {
+        EXPECT_EQ(r.carried_age, mb == 0 ? 1 : 0);  // mb 0 carries the previous iteration's error
+        EXPECT_NEAR(r.carried_norm, err.norm().item<double>(), 1e-5);
+        EXPECT_NEAR(r.cos_carried_slice, cosine(err, slice), 1e-6);
+        EXPECT_NEAR(r.cos_carried_delta, cosine(err, src_act - acts[mb]), 1e-6);
+      }
+      err = codec->lep_error().clone();
+      src_act = acts[mb];
+    }
+    EXPECT_EQ(codec->lep_diagnostics().size(), 2u);
+    codec->end_step();
+  }
 }
 
 // ---- state belongs to the messages it was kept for (issue 9, items 4 and 5) --------------------
