@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""The LEP study's tables and figures (issue 16; experiments/lep-study/*.yaml), into paper/lep-study/.
+
+  lep_study.py [--results DIR] [--out DIR]
+
+Inputs: results/lep-study-*/ (one experiment per pipeline cell: pp2-m8, pp4-m16, small-pp4-m16),
+each a grid of `<variant>-r<rank>-seed<N>` runs plus `baseline-seed<N>` (optcc sweep's run names).
+Runs are read and grouped into configurations as make_figures.py does (scripts/optcc_results.py);
+each variant is compared with the baseline run of the same seed (paired, the protocol's rule).
+
+Writes, into OUT (default paper/lep-study/):
+  table.{md,tex}        per variant (rows) and cell (layout x CB rank, columns): the mean paired
+                        difference of the final validation loss against the baseline, nats, ± the
+                        sample standard deviation over seeds, and the per-seed values
+  diagnostics.{md,tex}  per variant and cell, means over every compressed send of the run's last
+                        half (steps > train_steps / 2) and over seeds: ‖e‖/‖slice‖,
+                        ‖carried‖/‖slice‖, cos(carried, slice), |cos(carried, X_src − X_now)|,
+                        the share of sends whose carried error came from an earlier iteration
+  predictors.md         across every (variant, cell, seed) with a carried error: the Pearson
+                        correlation of each diagnostic with the paired loss difference
+  verdict.md            which variant, if any, beats both lazy and off in every cell at every seed
+  curves-<cell>.{png,pdf}  validation loss minus the baseline's (paired by seed, mean and range)
+                        against step, one line per variant, at every CB rank of the cell
+A cell whose runs are missing is left out with a line saying so; partial runs are marked.
+Needs h5py, numpy, PyYAML, matplotlib (/usr/bin/python3 on Debian: scripts/deps.sh).
+"""
+import argparse
+import math
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import make_figures as F  # noqa: E402
+import optcc_results as R  # noqa: E402
+import numpy as np  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VARIANTS = ["lazy", "off", "per_microbatch", "lazy_iteration", "lazy_decay"]
+NAME = re.compile(r"^(?P<variant>[a-z_]+)-r(?P<rank>\d+)$")
+DIAGNOSTICS = [("relative_error", "‖e‖/‖slice‖"), ("carried_ratio", "‖carried‖/‖slice‖"),
+               ("cos_carried_slice", "cos(carried, slice)"), ("abs_cos_carried_delta", "|cos(carried, ΔX)|"),
+               ("cross_iteration", "carried from an earlier iteration")]
+
+
+def nanmean(values):
+    a = np.asarray(values, dtype=float)
+    return float(np.mean(a[np.isfinite(a)])) if np.isfinite(a).any() else float("nan")
+
+
+def cell_name(experiment):
+    return experiment[len("lep-study-"):] if experiment.startswith("lep-study-") else experiment
+
+
+def run_diagnostics(run):
+    """Means over the compressed sends of the run's second half; None without /lep_diagnostics rows."""
+    t = run.table("lep_diagnostics", since=max(1, run.train_steps // 2 + 1))
+    if not t or len(t["step"]) == 0:
+        return None
+    carried = t["carried_age"] >= 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = t["carried_norm"] / t["slice_norm"]
+    out = {"relative_error": nanmean(t["relative_error"]), "sends": int(len(t["step"]))}
+    if carried.any():
+        out["carried_ratio"] = nanmean(ratio[carried])
+        out["cos_carried_slice"] = nanmean(t["cos_carried_slice"][carried])
+        out["abs_cos_carried_delta"] = nanmean(np.abs(t["cos_carried_delta"][carried]))
+        out["cross_iteration"] = float(np.mean(t["carried_age"][carried] > 0))
+    else:
+        for k in ("carried_ratio", "cos_carried_slice", "abs_cos_carried_delta", "cross_iteration"):
+            out[k] = float("nan")
+    return out
+
+
+def paired_by_seed(config, ref):
+    """{seed: final loss − the reference's final loss at that seed}."""
+    def by_seed(c):
+        return {str(s): loss for s, loss, _ in F.final_stats(c)}
+    mine, theirs = by_seed(config), by_seed(ref)
+    return {s: mine[s] - theirs[s] for s in sorted(mine) if s in theirs}
+
+
+def eval_difference_curve(config, ref):
+    """(steps, mean, min, max) of the validation loss minus the reference's, paired by seed."""
+    refs = {str(r.seed): r for r in ref.used}
+    curves = []
+    for r in config.used:
+        other = refs.get(str(r.seed))
+        if other is None:
+            continue
+        a, b = r.table("eval"), other.table("eval")
+        if not a or not b:
+            continue
+        common, ia, ib = np.intersect1d(a["step"], b["step"], return_indices=True)
+        curves.append(dict(zip(common.tolist(), (a["loss"][ia] - b["loss"][ib]).tolist())))
+    if not curves:
+        return None
+    steps = sorted(set.intersection(*[set(c) for c in curves]))
+    vals = np.array([[c[s] for s in steps] for c in curves])
+    return np.array(steps), vals.mean(axis=0), vals.min(axis=0), vals.max(axis=0)
+
+
+class Cell:
+    """One experiment (a pipeline layout): its baseline and its (variant, rank) configurations."""
+
+    def __init__(self, experiment, runs):
+        self.name = cell_name(experiment)
+        self.configs = F.group_configurations(experiment, runs)
+        self.ref, self.why = F.reference(self.configs)
+        self.by_key = {}  # (variant, rank) -> Configuration
+        for c in self.configs:
+            m = NAME.match(c.label.replace(" (partial)", ""))
+            if m and c is not self.ref:
+                self.by_key[(m["variant"], int(m["rank"]))] = c
+        self.ranks = sorted({r for _, r in self.by_key})
+
+
+def fmt_diff(values):
+    if not values:
+        return "–"
+    v = list(values.values())
+    mean = float(np.mean(v))
+    spread = f" ± {np.std(v, ddof=1):.3f}" if len(v) > 1 else ""
+    seeds = ", ".join(f"{x:+.3f}" for x in v)
+    return f"{mean:+.3f}{spread} ({seeds})"
+
+
+def study_tables(cells):
+    columns = [(c, r) for c in cells for r in c.ranks]
+    head = ["variant"] + [f"{c.name} r{r}" for c, r in columns]
+    diff = F.Table("LEP study: final validation loss minus the baseline's at the same seed (nats)", head, [])
+    diag = F.Table("LEP diagnostics per variant and cell (issue 16)",
+                   ["variant", "cell"] + [label for _, label in DIAGNOSTICS] + ["sends (last half)"], [])
+    points = []  # (diagnostics, paired difference) for predictors.md
+    paired = {}  # (variant, cell, rank) -> {seed: diff}
+    for v in VARIANTS:
+        row = [v]
+        for c, r in columns:
+            conf = c.by_key.get((v, r))
+            if conf is None:
+                row.append("–")
+                continue
+            d = paired_by_seed(conf, c.ref)
+            paired[(v, c.name, r)] = d
+            row.append(fmt_diff(d) + (" partial" if conf.is_partial else ""))
+            per_seed = {str(run.seed): run_diagnostics(run) for run in conf.used}
+            ok = [x for x in per_seed.values() if x]
+            if ok:
+                diag.rows.append([v, f"{c.name} r{r}"] + [f"{nanmean([x[k] for x in ok]):.4f}" for k, _ in DIAGNOSTICS]
+                         + [str(sum(x["sends"] for x in ok))])
+            for seed, x in per_seed.items():
+                if x and seed in d:
+                    points.append((x, d[seed]))
+        diff.rows.append(row)
+    return diff, diag, points, paired
+
+
+def predictors_text(points):
+    lines = ["| diagnostic | Pearson r with the paired loss difference | points |", "|---|---|---|"]
+    for key, label in DIAGNOSTICS:
+        xs = [(p[key], y) for p, y in points if math.isfinite(p.get(key, float("nan")))]
+        if len(xs) < 3:
+            lines.append(f"| {label} | – | {len(xs)} |")
+            continue
+        a = np.array(xs)
+        r = float(np.corrcoef(a[:, 0], a[:, 1])[0, 1]) if a[:, 0].std() > 0 and a[:, 1].std() > 0 else float("nan")
+        lines.append(f"| {label} | {r:+.3f} | {len(xs)} |")
+    return "\n".join(lines) + "\n"
+
+
+def verdict_text(cells, paired):
+    """Which variant beats both lazy and off in every (cell, rank) at every seed."""
+    lines = []
+    winners = []
+    for v in VARIANTS:
+        if v in ("lazy", "off"):
+            continue
+        beaten, total = 0, 0
+        for c in cells:
+            for r in c.ranks:
+                mine = paired.get((v, c.name, r), {})
+                for other in ("lazy", "off"):
+                    theirs = paired.get((other, c.name, r), {})
+                    for s in mine:
+                        if s in theirs:
+                            total += 1
+                            beaten += mine[s] < theirs[s]
+        lines.append(f"- {v}: lower final loss than lazy and off in {beaten} of {total} paired comparisons")
+        if total and beaten == total:
+            winners.append(v)
+    head = (f"Recommended: {', '.join(winners)} (beats lazy and off in every cell at every seed)."
+            if winners else "No variant beats both lazy and off in every cell at every seed.")
+    return head + "\n\n" + "\n".join(lines) + "\n"
+
+
+def curves_figure(cell):
+    plt = F.plt
+    fig, axes = plt.subplots(1, max(1, len(cell.ranks)), figsize=(4 * max(1, len(cell.ranks)), 3.2), sharey=True,
+                             squeeze=False)
+    for ax, r in zip(axes[0], cell.ranks):
+        for i, v in enumerate(VARIANTS):
+            conf = cell.by_key.get((v, r))
+            cur = eval_difference_curve(conf, cell.ref) if conf else None
+            if cur is None:
+                continue
+            steps, mean, lo, hi = cur
+            ax.plot(steps, mean, color=f"C{i}", label=v, linestyle="--" if conf.is_partial else "-")
+            ax.fill_between(steps, lo, hi, color=f"C{i}", alpha=0.15)
+        ax.axhline(0, color="k", linewidth=0.8)
+        ax.set_title(f"{cell.name}, CB rank {r}")
+        ax.set_xlabel("step")
+    axes[0][0].set_ylabel("valid loss − baseline (nats, paired)")
+    axes[0][-1].legend()
+    fig.tight_layout()
+    return fig
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--results", default=os.path.join(REPO, "results"))
+    ap.add_argument("--out", default=os.path.join(REPO, "paper", "lep-study"))
+    args = ap.parse_args()
+    runs = {}
+    for run in R.load_runs(args.results):
+        if run.experiment.startswith("lep-study-"):
+            runs.setdefault(run.experiment, []).append(run)
+    if not runs:
+        sys.exit(f"lep_study.py: no results/lep-study-*/ runs under {args.results}: run experiments/lep-study/*.yaml "
+                 "(slurm/local or slurm/submit) first")
+    cells = [Cell(e, rs) for e, rs in sorted(runs.items(), key=lambda kv: (kv[0].count("small"), kv[0]))]
+    out = F.Output(args.out)
+    diff, diag, points, paired = study_tables(cells)
+    refs = "; ".join(f"{c.name}: {len(c.ref.used)} baseline runs ({c.ref.runs_text()})" for c in cells)
+    diff.notes = ["mean ± sample std over seeds, then each seed's value; negative = better than the baseline",
+                  f"reference: {refs}", "generated by scripts/lep_study.py from results/lep-study-*/"]
+    diag.notes = ["means over the compressed sends of each run's second half, then over seeds; the carried "
+                  "quantities over the sends that carried an error", "ΔX = X_src − X_now, Fig. 11's activation change"]
+    out.table("table", diff)
+    out.table("diagnostics", diag)
+    out.write("predictors.md", predictors_text(points))
+    out.write("verdict.md", verdict_text(cells, paired))
+    with F.plt.rc_context(F.STYLE):
+        for c in cells:
+            if c.ranks:
+                fig = curves_figure(c)
+                out.figure(f"curves-{c.name}", fig)
+    print(f"lep_study.py: {len(out.written)} written, {len(out.unchanged)} unchanged in {args.out}")
+
+
+if __name__ == "__main__":
+    main()
