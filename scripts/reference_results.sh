@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Makes the committed reference results (results/reference/): short CPU runs of the paper's
-# experiments so that `make figures` works on a fresh clone. PLACEHOLDERS, not evidence: the
-# `tiny` preset (2 layers, h = 64) or the `mini` preset for a few steps, one or two seeds, on this
-# machine's 8 local ranks; the experiment files (experiments/*.yaml) and slurm/submit make the
-# real ones. paper/README.md says what each shows and what it cannot. About 30 minutes on 2 cores,
-# one training run at a time.
+# Makes the committed reference results (results/reference/) so that `make figures` works on a
+# fresh clone. table2 and fig11 are the real cpu-scale runs of experiments/table2.yaml and
+# fig11.yaml (slurm/local, 3 seeds; copied from results/<exp>/ when already there). The others are
+# PLACEHOLDERS, not evidence: the `tiny` preset (2 layers, h = 64) or the `mini` preset for a few
+# steps, one seed, on this machine's 8 local ranks. paper/README.md says what each shows and what
+# it cannot. About 2.5 hours on 2 cores from nothing (30 minutes without table2 and fig11), one
+# training run at a time.
 #   scripts/reference_results.sh [PART ...]     PART: table2 fig11 fig12 fig10 compressors-dp fig14
 #                                               (default: all; a part's folder is emptied first)
 # Then every results file is compacted (scripts/compact_results.py: gzip, same values) and
@@ -39,58 +40,25 @@ train() {
   grep -E "eval .*step|done:" "$log" | tail -2
 }
 
-# last_step FILE: the last /train step flushed to FILE (0 while there is none)
-last_step() {
-  "$PYTHON" -c "import h5py,sys
-try:
-    f = h5py.File(sys.argv[1], 'r', swmr=True); s = f['train/step']; print(int(s[-1]) if len(s) else 0)
-except Exception: print(0)" "$1"
-}
-
-# train_killed STEP EXP RUN [options...]: the run, SIGKILLed (all ranks) once STEP is flushed
-train_killed() {
-  local step=$1 exp=$2 run=$3
-  shift 3
-  pause
-  echo "== $exp/$run (killed after step $step is flushed)"
-  setsid "$OPTCC" train --nproc 8 "$@" --set log.dir="$OUT/$exp" --set log.run_name="$run" \
-    --set checkpoint.dir="$CKPT/$exp/$run" >/dev/null 2>&1 &
-  local pid=$!
-  until [ "$(last_step "$OUT/$exp/$run.h5")" -ge "$step" ]; do
-    kill -0 "$pid" 2>/dev/null || { echo "$exp/$run ended before step $step" >&2; exit 1; }
-    sleep 1
-  done
-  kill -KILL -- "-$pid"
-  wait "$pid" || true
-}
-
 fresh() { rm -rf "${OUT:?}/$1" "${CKPT:?}/$1"; mkdir -p "$OUT/$1"; }
 
-part_table2() {  # five schemes x seeds 1, 2; a partial run; a killed and resumed run
-  fresh table2
-  for scheme in baseline cb cb_fe cb_fe_sc cb_nonlep; do
-    extra=(--set compression.scheme=$scheme)
-    [[ $scheme == cb_fe_sc ]] && extra+=(--set "$SC_DP")
-    for seed in 1 2; do
-      if [[ $scheme == cb && $seed == 2 ]]; then  # killed after its step-50 checkpoint, then resumed
-        train_killed 60 table2 "$scheme-seed$seed" "${TINY[@]}" "${extra[@]}" --set train.seed=$seed
-        train table2 "$scheme-seed$seed" "${TINY[@]}" "${extra[@]}" --set train.seed=$seed --resume auto
-      else
-        train table2 "$scheme-seed$seed" "${TINY[@]}" "${extra[@]}" --set train.seed=$seed
-      fi
-    done
-  done
-  train_killed 80 table2 baseline-seed3 "${TINY[@]}" --set compression.scheme=baseline --set train.seed=3
+# from_experiment EXP [slurm/local options...]: the real cpu-scale runs of experiments/EXP.yaml,
+# copied from results/EXP/ (slurm/local runs whatever is not finished there: runs with .done files
+# are skipped, checkpointed ones resume; table2 takes about 1.6 h on 2 cores, fig11 about 15 min).
+from_experiment() {
+  local exp=$1
+  shift
+  pause
+  echo "== $exp: slurm/local experiments/$exp.yaml --scale cpu"
+  OPTCC="$OPTCC" PYTHON="$PYTHON" slurm/local "experiments/$exp.yaml" --scale cpu "$@" >"$CKPT-$exp.log" 2>&1 ||
+    { tail -20 "$CKPT-$exp.log"; exit 1; }
+  fresh "$exp"
+  cp "results/$exp"/*.h5 "$OUT/$exp/"
 }
 
-part_fig11() {  # CB on every backward send with LEP, the orthogonality diagnostic on
-  fresh fig11
-  for seed in 1 2; do
-    train fig11 "seed$seed" --config experiments/schemes/fig11-mini-3d.yaml --set model.preset=tiny \
-      --set train.train_steps=100 --set train.warmup_steps=10 --set train.eval_interval=25 \
-      --set train.eval_iters=5 --set train.seed=$seed
-  done
-}
+part_table2() { from_experiment table2; }  # 5 schemes x 3 seeds, mini, 300 steps (the Table 2 evidence)
+
+part_fig11() { from_experiment fig11; }  # CB on every backward send, LEP, the Fig. 11 diagnostic, 3 seeds
 
 part_fig12() {  # memory: baseline, CB without EF, CB + LEP, CB + per-micro-batch EF (mini, 6 steps);
   fresh fig12   # epilogue-only (the paper's CB) and on every backward send (where m EF buffers show)
