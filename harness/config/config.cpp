@@ -193,6 +193,11 @@ void validate_compression(const Config& c) {
          "is only used by compression.lep: lazy_decay (compression.lep is '" + k.lep + "')",
          "set compression.lep: lazy_decay, or remove compression.lep_decay");
   }
+  if (k.pipeline_backward.name == "none" && k.lep != "lazy") {  // lep_decay needs lazy_decay (above)
+    fail("compression.lep", "'" + k.lep + "'",
+         "acts on compressed backward sends, and compression.pipeline_backward is none (nothing to feed back)",
+         "set compression.pipeline_backward (e.g. scheme cb), or leave lep at its default (lazy)");
+  }
   if (c.log.lep_diagnostics && k.pipeline_backward.name == "none") {
     fail("log.lep_diagnostics", "true", "diagnoses compressed backward sends, so it needs compression.pipeline_backward",
          "set pipeline_backward: lowrank (e.g. scheme cb), or turn the diagnostics off");

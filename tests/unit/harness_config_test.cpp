@@ -343,6 +343,15 @@ TEST(Config, SchemesSetThePaperRowsAndExplicitKeysOverrideThem) {
   EXPECT_EQ(validate_error(decay), "");
   decay.compression.lep = "lazy_iter";
   EXPECT_THAT(validate_error(decay), HasSubstr("lazy_iteration or lazy_decay"));
+  // ... and both act on compressed backward sends only: without a codec they would be ignored.
+  Config nocodec = load_config("", {"compression.lep=lazy_decay", "compression.lep_decay=0.5"});
+  nocodec.model.vocab_size = 100;
+  EXPECT_THAT(validate_error(nocodec), HasSubstr("compression.lep = 'lazy_decay': acts on compressed backward sends"));
+  nocodec.compression.lep = "off";
+  nocodec.compression.lep_decay = 1.0;
+  EXPECT_THAT(validate_error(nocodec), HasSubstr("compression.lep = 'off': acts on compressed backward sends"));
+  nocodec.compression.lep = "lazy";  // the default, which every uncompressed config carries
+  EXPECT_EQ(validate_error(nocodec), "");
   Config diag = load_config("", {"log.lep_diagnostics=true"});
   diag.model.vocab_size = 100;
   EXPECT_THAT(validate_error(diag), HasSubstr("log.lep_diagnostics = true"));
