@@ -25,6 +25,7 @@ Rules:
 import datetime
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -132,12 +133,50 @@ class Run:
             args += ["--resume", "auto"]
         return args
 
-    def mark_finished(self, command):
+    def mark_finished(self, command, extra=()):
         os.makedirs(os.path.join(ROOT, self.results_dir), exist_ok=True)
         with open(os.path.join(ROOT, self.marker), "w") as f:
             f.write(f"finished {datetime.datetime.now().isoformat(timespec='seconds')}\n")
             f.write(f"slurm job {os.environ.get('SLURM_JOB_ID', '-')}\n")
             f.write(f"command {shlex.join(command)}\n")
+            f.write(f"extra {shlex.join(extra)}\n")
+
+    def finished_with_other_extra(self, extra):
+        """The extra arguments the finished run had, when they differ from `extra` (else None). A
+        marker without an `extra` line (older runners) counts as no extra arguments."""
+        if not self.finished():
+            return None
+        recorded = ""
+        with open(os.path.join(ROOT, self.marker)) as f:
+            for line in f:
+                if line.startswith("extra "):
+                    recorded = line[len("extra "):].strip()
+        return None if recorded == shlex.join(extra) else (recorded or "none")
+
+
+def select_runs(runs, pattern, experiment):
+    """The runs whose name matches the regular expression `pattern` (re.search; all when None).
+    Calls fail() for a bad expression or one that matches no run."""
+    if not pattern:
+        return runs
+    try:
+        rx = re.compile(pattern)
+    except re.error as e:
+        fail(f"--only {pattern!r}: not a regular expression ({e}); e.g. --only 'r16|baseline'")
+    out = [r for r in runs if rx.search(r.name)]
+    if not out:
+        fail(f"--only {pattern!r} matches no run of {experiment} (the names: optcc sweep {experiment} --scale ...)")
+    return out
+
+
+def warn_other_extra(runs, extra):
+    """One line per finished run whose .done records other extra arguments than `extra`: it stays
+    skipped, and its results are those of the other arguments."""
+    for r in runs:
+        other = r.finished_with_other_extra(extra)
+        if other is not None:
+            print(f"warning: {r.name} finished with other extra arguments ({other}), not ({shlex.join(extra) or 'none'}); "
+                  f"it is skipped: delete {r.marker} (and its results) to run it with these", file=sys.stderr)
 
 
 def launch_command(settings, run, extra, launcher):
@@ -166,7 +205,7 @@ def run_one(settings, run, extra, launcher):
     print(f"[{run.index}] {run.name}: {run.state()}\n  {shlex.join(command)}", flush=True)
     code = subprocess.run(command, cwd=ROOT).returncode
     if code == 0:
-        run.mark_finished(command)
+        run.mark_finished(command, extra)
         print(f"[{run.index}] {run.name}: done -> {run.results}", flush=True)
     else:
         print(f"[{run.index}] {run.name}: optcc exited {code}; not marked finished (a rerun resumes it)",
