@@ -740,9 +740,9 @@ class Experiment:
         src, header = experiment_header(self.name)
         lines = [f"# {self.name}", ""]
         if self.name.startswith("reference/"):
-            lines += ["Placeholder results made by `scripts/reference_results.sh` (a smaller model, fewer steps "
-                      "and seeds than the experiment file's scales); `paper/README.md` says what they can and "
-                      "cannot show.", ""]
+            lines += ["Committed reference results (`results/reference/`, made by `scripts/reference_results.sh`: "
+                      "some are the experiment file's real cpu-scale runs, others smaller placeholders); "
+                      "`paper/README.md` says which, and what they can and cannot show.", ""]
         if header:
             lines += [f"From `{src}`:", "", "```"] + header + ["```", ""]
         for what in self.made:

@@ -103,7 +103,12 @@ def main():
     rows = build_index(args.results)
     content = to_csv(rows)
     path = os.path.join(args.results, "index.csv")
-    write_atomic(path, content)
+    old = None
+    if os.path.exists(path):
+        with open(path, newline="") as f:
+            old = f.read()
+    if old != content:  # like the figures: an unchanged index is not rewritten
+        write_atomic(path, content)
     counts = {s: sum(r["status"] == s for r in rows) for s in R.STATUSES}
     print(f"{path}: {len(rows)} runs ({', '.join(f'{n} {s}' for s, n in counts.items())})")
     if args.print:
