@@ -154,6 +154,27 @@ class Run:
         return None if recorded == shlex.join(extra) else (recorded or "none")
 
 
+def check_extra(extra):
+    """The extra arguments for optcc train: only --set K=V and --resume [DIR|auto] (the sweep gives
+    --config, the runner --nproc). Calls fail() naming the first other token (a typo such as --onyl
+    would otherwise fail every run)."""
+    i = 0
+    while i < len(extra):
+        a = extra[i]
+        if a.startswith("--set=") or a.startswith("--resume="):
+            i += 1
+        elif a == "--set":
+            if i + 1 >= len(extra) or "=" not in extra[i + 1]:
+                fail("extra arguments: --set needs section.key=value after it")
+            i += 2
+        elif a == "--resume":
+            i += 2 if i + 1 < len(extra) and not extra[i + 1].startswith("-") else 1
+        else:
+            fail(f"extra argument {a!r}: extra arguments go to every run's optcc train, which takes only "
+                 "--set section.key=value and --resume [DIR|auto] here (the runner's own options: --scale, "
+                 "--only, --dry-run)")
+
+
 def select_runs(runs, pattern, experiment):
     """The runs whose name matches the regular expression `pattern` (re.search; all when None).
     Calls fail() for a bad expression or one that matches no run."""

@@ -42,6 +42,13 @@ class RunnerRulesTest(unittest.TestCase):
                 er.select_runs(self.runs, bad, "exp.yaml")
             self.assertIn("--only", err.getvalue())
 
+    def test_extra_arguments_are_set_or_resume(self):
+        er.check_extra(["--set", "train.train_steps=20", "--set=log.interval=5", "--resume", "--resume", "auto"])
+        for bad in (["--onyl", "x"], ["--set"], ["--set", "novalue"], ["--nproc", "4"]):
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+                er.check_extra(bad)
+            self.assertIn("extra argument", err.getvalue())
+
     def test_marker_records_extra_arguments(self):
         run = self.runs[1]
         self.assertTrue(run.marker.startswith(self.tmp.name))  # redirected results root

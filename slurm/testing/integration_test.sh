@@ -106,14 +106,9 @@ submit_and_wait
 "$PYTHON" slurm/testing/check_results.py runs "$tmp/plan.json" "$OPTCC_RESULTS" || fail "results files"
 "$PYTHON" slurm/testing/check_results.py index "$tmp/plan.json" "$OPTCC_RESULTS" || fail "results index"
 for r in "${runs[@]}"; do [ -f "$out/$r.done" ] || fail "$out/$r.done missing after a completed run"; done
-# TODO(after the merge of the figures branch): drop this condition; make_figures.py is then always there.
-if [ -f scripts/make_figures.py ]; then
-  png=$(find "$OPTCC_FIGURES/$name" -name '*.png' 2>/dev/null | head -n 1)
-  [ -n "$png" ] || fail "no figure (PNG) under $OPTCC_FIGURES/$name after the results job"
-  echo "ok: figure $png"
-else
-  echo "NOTE: scripts/make_figures.py not in this tree yet: figure check not run"
-fi
+png=$(find "$OPTCC_FIGURES/$name" -name '*.png' 2>/dev/null | head -n 1)
+[ -n "$png" ] || fail "no figure (PNG) under $OPTCC_FIGURES/$name after the results job"
+echo "ok: figure $png"
 
 echo "== resubmit: finished runs are skipped ($((SECONDS - t0)) s)"
 ls "$out" >"$tmp/files.before"
