@@ -13,32 +13,18 @@
 #include <fstream>
 #include <sstream>
 
+#include "tests/support/process.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using optcc::testing::slurp;
 
 // Runs argv with stdout+stderr to `log`; returns the exit status and the child's pid.
 std::pair<int, pid_t> run(std::vector<std::string> args, const std::string& log) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) return {-1, 0};
-  int status = 0;
-  waitpid(pid, &status, 0);
-  posix_spawn_file_actions_destroy(&fa);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), pid};
+  const pid_t pid = optcc::testing::spawn_logged(std::move(args), log);
+  if (pid < 0) return {-1, 0};
+  return {optcc::testing::wait_exit_code(pid), pid};
 }
 
 TEST(LocalLaunch, EmulatedRunSharesTheNicSegmentAndTracesItsTimeline) {

@@ -15,33 +15,21 @@
 #include <iterator>
 #include <regex>
 
+#include "tests/support/process.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace {
 
 using ::testing::HasSubstr;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using optcc::testing::slurp;
 
 // Runs the binary with `args`, stdout and stderr to `log`; returns the exit status.
 int run_optcc(std::vector<std::string> args, const std::string& log) {
   args.insert(args.begin(), std::string(OPTCC_BINARY_DIR) + "/optcc");
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&fa);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const pid_t pid = optcc::testing::spawn_logged(std::move(args), log);
+  EXPECT_GT(pid, 0) << "could not start optcc";
+  return pid < 0 ? -1 : optcc::testing::wait_exit_code(pid);
 }
 
 // The "difference X" an eval printed.

@@ -20,6 +20,7 @@
 #include <regex>
 #include <thread>
 
+#include "tests/support/process.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace {
@@ -27,10 +28,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
+using optcc::testing::slurp;
 
 std::vector<int64_t> read_steps(const std::string& file) {
   H5::H5File f(file, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ);  // SWMR: the writer may have died in a flush
@@ -56,18 +54,8 @@ std::vector<std::string> child_env(const std::vector<std::string>& extra) {
 }
 
 pid_t spawn(std::vector<std::string> args, std::vector<std::string> env, const std::string& log) {
-  std::vector<char*> argv, envp;
-  for (auto& a : args) argv.push_back(a.data());
-  for (auto& e : env) envp.push_back(e.data());
-  argv.push_back(nullptr);
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()), 0);
-  posix_spawn_file_actions_destroy(&fa);
+  const pid_t pid = optcc::testing::spawn_logged(std::move(args), log, "", &env);
+  EXPECT_GT(pid, 0) << "could not start " << args.at(0);
   return pid;
 }
 

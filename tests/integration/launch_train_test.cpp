@@ -16,16 +16,12 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/process.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using optcc::testing::slurp;
 
 // The child of `parent` whose environment holds OPTCC_RANK=<rank>, or -1.
 pid_t find_rank(pid_t parent, int rank) {
@@ -60,15 +56,8 @@ TEST(LocalLaunch, KilledTrainingRankEndsTheRun) {
       "--set", "data.split=100,0,0", "--set", "model.vocab_size=64", "--set", "parallel.pp=2",
       "--set", "parallel.dp=2", "--set", "train.train_steps=100000", "--set", "train.threads=1",
       "--set", "log.interval=1", "--set", "log.dir=" + (dir / "results"), "--set", "parallel.timeout_seconds=5"};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t launcher = 0;
-  ASSERT_EQ(posix_spawn(&launcher, argv[0], &fa, nullptr, argv.data(), environ), 0);
+  const pid_t launcher = optcc::testing::spawn_logged(args, log);
+  ASSERT_GT(launcher, 0) << "could not start optcc";
 
   // Wait until training runs (step 3 logged), then kill rank 2 (stage 1, dp 0).
   const auto start = std::chrono::steady_clock::now();

@@ -16,32 +16,16 @@
 #include <regex>
 #include <sstream>
 
+#include "tests/support/process.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using optcc::testing::slurp;
 
 // Runs args with stdout to `out` and stderr to `err`; returns the exit status.
 int run(std::vector<std::string> args, const std::string& out, const std::string& err) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&fa, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = 0;
-  if (posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ) != 0) return -1;
-  int status = 0;
-  waitpid(pid, &status, 0);
-  posix_spawn_file_actions_destroy(&fa);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return optcc::testing::run_logged(std::move(args), out, err);
 }
 
 TEST(SimulatorValidation, PredictsAMeasuredEmulatedStepWithin25Percent) {
