@@ -74,32 +74,13 @@ def run_diagnostics(run):
     return out
 
 
-def paired_by_seed(config, ref):
-    """{seed: final loss − the reference's final loss at that seed}."""
-    def by_seed(c):
-        return {str(s): loss for s, loss, _ in F.final_stats(c)}
-    mine, theirs = by_seed(config), by_seed(ref)
-    return {s: mine[s] - theirs[s] for s in sorted(mine) if s in theirs}
-
-
 def eval_difference_curve(config, ref):
     """(steps, mean, min, max) of the validation loss minus the reference's, paired by seed."""
-    refs = {str(r.seed): r for r in ref.used}
-    curves = []
-    for r in config.used:
-        other = refs.get(str(r.seed))
-        if other is None:
-            continue
-        a, b = r.table("eval"), other.table("eval")
-        if not a or not b:
-            continue
-        common, ia, ib = np.intersect1d(a["step"], b["step"], return_indices=True)
-        curves.append(dict(zip(common.tolist(), (a["loss"][ia] - b["loss"][ib]).tolist())))
-    if not curves:
+    m = F.paired_eval_matrix(config, ref)
+    if m is None:
         return None
-    steps = sorted(set.intersection(*[set(c) for c in curves]))
-    vals = np.array([[c[s] for s in steps] for c in curves])
-    return np.array(steps), vals.mean(axis=0), vals.min(axis=0), vals.max(axis=0)
+    steps, d = m
+    return steps, d.mean(axis=0), d.min(axis=0), d.max(axis=0)
 
 
 class Cell:
@@ -142,7 +123,7 @@ def study_tables(cells):
             if conf is None:
                 row.append("–")
                 continue
-            d = paired_by_seed(conf, c.ref)
+            d = F.paired_loss_by_seed(conf, c.ref)
             paired[(v, c.name, r)] = d
             row.append(fmt_diff(d) + (" partial" if conf.is_partial else ""))
             per_seed = {str(run.seed): run_diagnostics(run) for run in conf.used}

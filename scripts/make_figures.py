@@ -293,15 +293,21 @@ def final_stats(config):
     return out
 
 
-def paired_loss_differences(config, ref):
-    """Final loss minus the reference's, per seed both have (each side's mean over its runs of that seed)."""
+def paired_loss_by_seed(config, ref):
+    """{seed: final loss minus the reference's} for the seeds both have (each side's mean over its
+    runs of that seed), in seed order."""
     def by_seed(stats):
         d = {}
         for seed, loss, _ in stats:
             d.setdefault(str(seed), []).append(loss)
         return {s: float(np.mean(v)) for s, v in d.items()}
     mine, theirs = by_seed(final_stats(config)), by_seed(final_stats(ref))
-    return [mine[s] - theirs[s] for s in sorted(mine) if s in theirs]
+    return {s: mine[s] - theirs[s] for s in sorted(mine) if s in theirs}
+
+
+def paired_loss_differences(config, ref):
+    """Final loss minus the reference's, per seed both have (paired_loss_by_seed's values)."""
+    return list(paired_loss_by_seed(config, ref).values())
 
 
 def speed(config):
@@ -411,8 +417,8 @@ def _running_mean(window):
     return reduce
 
 
-def paired_eval_difference(config, ref):
-    """(steps, mean, std, n) of this configuration's validation loss minus the reference's, per seed
+def paired_eval_matrix(config, ref):
+    """(steps, d): d[i, t] is the validation loss minus the reference's at steps[t] for the i-th seed
     both ran (used runs), at the evaluation steps all those pairs share; None without a pair."""
     def by_seed(c):
         return {str(r.seed): dict(zip(*(x.tolist() for x in series(r, "eval", "loss")))) for r in c.used
@@ -424,9 +430,17 @@ def paired_eval_difference(config, ref):
     steps = sorted(set.intersection(*(set(a) & set(b) for a, b in pairs)))
     if not steps:
         return None
-    d = np.array([[a[t] - b[t] for t in steps] for a, b in pairs])
-    std = d.std(axis=0, ddof=1) if len(pairs) > 1 else np.zeros(len(steps))
-    return np.array(steps), d.mean(axis=0), std, len(pairs)
+    return np.array(steps), np.array([[a[t] - b[t] for t in steps] for a, b in pairs])
+
+
+def paired_eval_difference(config, ref):
+    """(steps, mean, std, n) over the seeds of paired_eval_matrix; None without a pair."""
+    m = paired_eval_matrix(config, ref)
+    if m is None:
+        return None
+    steps, d = m
+    std = d.std(axis=0, ddof=1) if len(d) > 1 else np.zeros(len(steps))
+    return steps, d.mean(axis=0), std, len(d)
 
 
 def curves_figure(experiment, configs, ref):
