@@ -269,6 +269,10 @@ void validate_finite(const Config& const_cfg) {
 
 void Config::validate(int64_t world_size) const {
   validate_finite(*this);
+  // The layout sizes divide other checks' values (heads / tp, layers / pp, batch / dp): positive first.
+  check_positive("parallel.tp", parallel.tp);
+  check_positive("parallel.pp", parallel.pp);
+  check_positive("parallel.dp", parallel.dp);
   validate_model(*this);
   validate_parallel(*this, world_size);
   validate_train(*this);

@@ -1,6 +1,6 @@
 // The local launcher end to end: 8 forked ranks (TP2 x PP2 x DP2) rendezvous, build every group and
 // pass the closed-form checks; when one rank dies, every rank ends within the timeout, the run
-// exits non-zero and the launcher names the dead rank.
+// exits non-zero and the launcher names the dead rank. Also `optcc config show`'s check.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -51,6 +51,27 @@ TEST(LocalLaunch, LayoutMustMatchRanks) {
   auto r = run("comm-check --nproc 4" + kConfig);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_THAT(r.output, ::testing::HasSubstr("parallel.tp*pp*dp = 2*2*2 = 8: must equal the number of ranks, 4"));
+}
+
+// `config show` on a config whose corpus is not prepared yet: a note, not an error, and the rest
+// is still validated (exit 0, "config OK").
+TEST(ConfigShow, UnpreparedCorpusIsANoteNotAnError) {
+  auto r = run(std::string("config show --config ") + OPTCC_SOURCE_DIR +
+               "/experiments/demo.yaml --set data.prefix=/nonexistent/optcc-corpus");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr("note (not an error for `config show`"));
+  EXPECT_THAT(r.output, ::testing::HasSubstr("/nonexistent/optcc-corpus.json does not exist"));
+  EXPECT_THAT(r.output, ::testing::HasSubstr("model.vocab_size = data.vocab_size = 8000"));
+  EXPECT_THAT(r.output, ::testing::HasSubstr("config OK for 1 ranks"));
+  EXPECT_THAT(r.output, ::testing::Not(::testing::HasSubstr("config error")));
+}
+
+// A real config error still fails `config show`, naming the key.
+TEST(ConfigShow, InvalidValueFails) {
+  auto r = run(std::string("config show --config ") + OPTCC_SOURCE_DIR +
+               "/experiments/demo.yaml --set data.prefix=/nonexistent/optcc-corpus --set parallel.tp=0");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, ::testing::HasSubstr("parallel.tp"));
 }
 
 }  // namespace

@@ -2,6 +2,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -151,6 +153,19 @@ TEST(Config, WorldSizeMustMatchLayout) {
   c.model.vocab_size = 100;
   c.parallel.tp = 2;
   EXPECT_THAT(validate_error(c, 1), HasSubstr("parallel.tp*pp*dp = 2*1*1 = 2: must equal the number of ranks, 1"));
+}
+
+// A zero or negative layout size is named before any check divides by it (it once ended
+// `config show` with SIGFPE in heads % tp).
+TEST(Config, LayoutSizesMustBePositive) {
+  for (const char* key : {"tp", "pp", "dp"}) {
+    for (int64_t v : {0, -2}) {
+      Config c;
+      c.model.vocab_size = 100;
+      (std::string(key) == "tp" ? c.parallel.tp : std::string(key) == "pp" ? c.parallel.pp : c.parallel.dp) = v;
+      EXPECT_THAT(validate_error(c, 1), HasSubstr(fmt::format("parallel.{} = {}", key, v))) << key << " " << v;
+    }
+  }
 }
 
 TEST(Config, VocabPaddingToDivisorTimesTp) {  // BR-15
