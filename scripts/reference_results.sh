@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Makes the committed reference results (results/reference/) so that `make figures` works on a
-# fresh clone. table2 and fig11 are the real cpu-scale runs of experiments/table2.yaml and
-# fig11.yaml (slurm/local, 3 seeds; copied from results/<exp>/ when already there). The others are
+# fresh clone. table2, table4 and fig11 are the real cpu-scale runs of experiments/table2.yaml,
+# table4.yaml and fig11.yaml (slurm/local, 3 seeds; copied from results/<exp>/ when already there). The others are
 # PLACEHOLDERS, not evidence: the `tiny` preset (2 layers, h = 64) or the `mini` preset for a few
 # steps, one seed, on this machine's 8 local ranks. paper/README.md says what each shows and what
-# it cannot. About 2.5 hours on 2 cores from nothing (30 minutes without table2 and fig11), one
+# it cannot. About 4.5 hours on 2 cores from nothing (30 minutes without table2, table4 and fig11), one
 # training run at a time.
-#   scripts/reference_results.sh [PART ...]     PART: table2 fig11 fig12 fig10 compressors-dp fig14
+#   scripts/reference_results.sh [PART ...]     PART: table2 table4 fig11 fig12 fig10 compressors-dp fig14
 #                                               (default: all; a part's folder is emptied first)
 # Then every results file is compacted (scripts/compact_results.py: gzip, same values) and
 # `make figures` regenerates paper/. Environment: OPTCC (default build/optcc), BENCH (default
@@ -58,6 +58,8 @@ from_experiment() {
 
 part_table2() { from_experiment table2; }  # 5 schemes x 3 seeds, mini, 300 steps (the Table 2 evidence)
 
+part_table4() { from_experiment table4; }  # m = 16: baseline, cb, cb_nonlep x 3 seeds, 300 steps (LEP at m = 16)
+
 part_fig11() { from_experiment fig11; }  # CB on every backward send, LEP, the Fig. 11 diagnostic, 3 seeds
 
 part_fig12() {  # memory: baseline, CB without EF, CB + LEP, CB + per-micro-batch EF (mini, 6 steps);
@@ -104,7 +106,7 @@ part_fig14() {  # lowrank encode/decode and PowerSGD against rank on the Fig. 14
 }
 
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(table2 fig11 fig12 fig10 compressors-dp fig14)
+[ ${#parts[@]} -eq 0 ] && parts=(table2 table4 fig11 fig12 fig10 compressors-dp fig14)
 for p in "${parts[@]}"; do
   start=$(date +%s)
   "part_${p//-/_}"
