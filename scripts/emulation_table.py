@@ -16,7 +16,7 @@ column "speed-up at equal compute" removes that drift: (P0 + A0) / (P0 + A), wit
 first file's medians of pipeline and after-pipeline time and A this file's. It assumes the
 scheme leaves the pipeline phase alone, true for FE and SC; CB changes it by its epilogue
 messages only (measure those with the breakdown).
-Reads through scripts/optcc_results.py (make_figures.py imports summarise_run for Fig. 10).
+Reads through scripts/optcc_results.py (scripts/figures/timing.py imports summarise_run for Fig. 10).
 Needs h5py, numpy and PyYAML (/usr/bin/python3 on Debian after `make deps`).
 """
 import argparse

@@ -6,7 +6,7 @@
 Inputs: RESULTS/lep-study-*/ (one experiment per pipeline cell: pp2-m8 and pp4-m16, from
 experiments/lep-study/*.yaml; any other lep-study-* folder is a cell too),
 each a grid of `<variant>-r<rank>-seed<N>` runs plus `baseline-seed<N>` (optcc sweep's run names).
-Runs are read and grouped into configurations as make_figures.py does (scripts/optcc_results.py);
+Runs are read and grouped into configurations as make_figures.py does (scripts/figures/configs.py);
 each variant is compared with the baseline run of the same seed (paired, the protocol's rule).
 
 Writes, into OUT (default paper/lep-study/):
@@ -32,7 +32,8 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import make_figures as F  # noqa: E402
+from figures import configs as FC  # noqa: E402
+from figures.output import STYLE, Output, Table, plt  # noqa: E402
 import optcc_results as R  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -76,7 +77,7 @@ def run_diagnostics(run):
 
 def eval_difference_curve(config, ref):
     """(steps, mean, min, max) of the validation loss minus the reference's, paired by seed."""
-    m = F.paired_eval_matrix(config, ref)
+    m = FC.paired_eval_matrix(config, ref)
     if m is None:
         return None
     steps, d = m
@@ -88,8 +89,8 @@ class Cell:
 
     def __init__(self, experiment, runs):
         self.name = cell_name(experiment)
-        self.configs = F.group_configurations(experiment, runs)
-        self.ref, self.why = F.reference(self.configs)
+        self.configs = FC.group_configurations(experiment, runs)
+        self.ref, self.why = FC.reference(self.configs)
         self.by_key = {}  # (variant, rank) -> Configuration
         for c in self.configs:
             m = NAME.match(c.label.replace(" (partial)", ""))
@@ -111,8 +112,8 @@ def fmt_diff(values):
 def study_tables(cells):
     columns = [(c, r) for c in cells for r in c.ranks]
     head = ["variant"] + [f"{c.name} r{r}" for c, r in columns]
-    diff = F.Table("LEP study: final validation loss minus the baseline's at the same seed (nats)", head, [])
-    diag = F.Table("LEP diagnostics per variant and cell (issue 16)",
+    diff = Table("LEP study: final validation loss minus the baseline's at the same seed (nats)", head, [])
+    diag = Table("LEP diagnostics per variant and cell (issue 16)",
                    ["variant", "cell"] + [label for _, label in DIAGNOSTICS] + ["sends (last half)"], [])
     points = []  # (diagnostics, paired difference) for predictors.md
     paired = {}  # (variant, cell, rank) -> {seed: diff}
@@ -123,7 +124,7 @@ def study_tables(cells):
             if conf is None:
                 row.append("–")
                 continue
-            d = F.paired_loss_by_seed(conf, c.ref)
+            d = FC.paired_loss_by_seed(conf, c.ref)
             paired[(v, c.name, r)] = d
             row.append(fmt_diff(d) + (" partial" if conf.is_partial else ""))
             per_seed = {str(run.seed): run_diagnostics(run) for run in conf.used}
@@ -181,7 +182,6 @@ def verdict_text(cells, paired):
 
 
 def curves_figure(cell):
-    plt = F.plt
     fig, axes = plt.subplots(1, max(1, len(cell.ranks)), figsize=(4 * max(1, len(cell.ranks)), 3.2), sharey=True,
                              squeeze=False)
     for ax, r in zip(axes[0], cell.ranks):
@@ -221,7 +221,7 @@ def main():
     for expected in EXPECTED_CELLS:
         if f"lep-study-{expected}" not in runs:
             print(f"lep_study.py: no runs of cell {expected} (results/lep-study-{expected}/) yet: left out")
-    out = F.Output(args.out)
+    out = Output(args.out)
     diff, diag, points, paired = study_tables(cells)
     refs = "; ".join(f"{c.name}: {len(c.ref.used)} baseline runs ({c.ref.runs_text()})" for c in cells)
     diff.notes = ["mean ± sample std over seeds, then each seed's value; negative = better than the baseline",
@@ -233,7 +233,7 @@ def main():
     out.table("diagnostics", diag)
     out.write("predictors.md", predictors_text(points))
     out.write("verdict.md", verdict_text(cells, paired))
-    with F.plt.rc_context(F.STYLE):
+    with plt.rc_context(STYLE):
         for c in cells:
             if c.ranks:
                 fig = curves_figure(c)
