@@ -6,7 +6,8 @@
 
 namespace optcc {
 
-/// Root attributes for the results file: git_revision, torch_version, compiler, hdf5 (filled by
+/// Root attributes for the results file: git_revision (the build's, cmake/git_rev.cmake:
+/// "<12 hex>[-dirty-<8 hex hash of the uncommitted source changes>]"), torch_version, compiler, hdf5 (filled by
 /// the sink), host, start_time (UTC, ISO 8601), command line.
 std::map<std::string, std::string> run_attributes(const std::string& command_line);
 std::string hostname();
