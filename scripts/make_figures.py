@@ -30,7 +30,8 @@ Per experiment, into OUT/<experiment>/ (PNG and PDF for figures, Markdown and La
   curves.{png,pdf}        training loss (running mean over 2% of the steps), validation ppl and the
                           validation loss minus the reference's (paired by seed) against step, with
                           seed bands (Fig. 9)
-  pareto.{png,pdf}        final validation ppl against MB per step, Pareto front (compressor comparison)
+  pareto.{png,pdf}        final validation ppl against MB per step, Pareto front (compressor comparison;
+                          not drawn when the configurations' MB per step lie within 1% of each other)
   memory.{png,pdf,md,tex} tensor memory by component (each component's largest value over the ranks)
                           at the last step, and the tracked peak (Fig. 12)
   breakdown.{png,pdf,md,tex}  mean time breakdown of the timeline steps (Fig. 10; emulation_table.py)
@@ -40,7 +41,8 @@ Per benchmark JSON DIR/<path>/<name>.json, into OUT/<path>/<name>-fig14.{png,pdf
 and decompression throughput (GB/s of input) against rank on the Fig. 14 slice shapes.
 A figure whose inputs are absent is skipped with one line saying what is missing. Output is
 deterministic (fixed styles, sorted inputs, no timestamps); a file whose bytes would not change is
-not rewritten. Exit status 1 when a figure failed for another reason (the line names it).
+not rewritten, and a figure or table no longer drawn for an experiment has its earlier files
+removed. Exit status 1 when a figure failed for another reason (the line names it).
 The figure families live in scripts/figures/ (configs, output, quality, memory, timing, lep, bench);
 this file is the driver: per experiment, every family's outputs and the index page.
 """
@@ -106,7 +108,8 @@ class Experiment:
                   self.out.table(f"{d}/table", summary_table(d, usable, self.ref, self.why)))
         self.step("curves", lambda: self._figure("curves", curves_figure(d, usable, self.ref), "no /train or /eval rows"))
         self.step("pareto", lambda: self._figure("pareto", pareto_figure(d, usable),
-                                                 "fewer than 2 configurations with a final ppl and /traffic"))
+                                                 "fewer than 2 configurations with a final ppl and /traffic, "
+                                                 "or their MB per step within 1%"))
         self.step("memory", lambda: self._pair("memory", memory_outputs(d, usable), "no /memory_components rows"))
         self.step("breakdown", lambda: self._pair("breakdown", breakdown_outputs(d, usable, self.ref),
                                                   "no /breakdown rows: set log.timeline_steps"))
@@ -116,12 +119,14 @@ class Experiment:
 
     def _figure(self, stem, fig, missing):
         if fig is None:
+            self.out.remove_stem(f"{self.name}/{stem}")  # an earlier run's figure would be stale
             return missing
         self.out.figure(f"{self.name}/{stem}", fig)
 
     def _pair(self, stem, outputs, missing):
         fig, table = outputs
         if fig is None:
+            self.out.remove_stem(f"{self.name}/{stem}")
             return missing
         self.out.figure(f"{self.name}/{stem}", fig)
         self.out.table(f"{self.name}/{stem}", table)
@@ -182,7 +187,8 @@ def main():
             print(f"make_figures: {name}: FAILED {line}")
         errors += len(e.errors)
     errors += bench_figures(args, wanted, out)
-    print(f"make_figures: {len(out.written)} files written, {len(out.unchanged)} unchanged under {args.out}/")
+    removed = f", {len(out.removed)} stale removed" if out.removed else ""
+    print(f"make_figures: {len(out.written)} files written, {len(out.unchanged)} unchanged{removed} under {args.out}/")
     sys.exit(1 if errors else 0)
 
 

@@ -352,6 +352,20 @@ class ReferenceResultsTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             for f in ("table.md", "curves.png", "pareto.pdf", "memory.png"):
                 self.assertTrue(os.path.exists(os.path.join(out, "table2", f)), f)
+            # Table 4's three schemes send the same bytes to within 0.07%: no Pareto plot, a reason,
+            # and an earlier run's pareto files are removed as stale.
+            os.makedirs(os.path.join(out, "table4"))
+            for ext in ("png", "pdf"):
+                with open(os.path.join(out, "table4", f"pareto.{ext}"), "w") as f:
+                    f.write("stale")
+            r = script("make_figures.py", "--results", ref, "--out", out, "--experiment", "table4")
+            self.assertIn("2 stale removed", r.stdout)
+            self.assertFalse(os.path.exists(os.path.join(out, "table4", "pareto.pdf")))
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertTrue(os.path.exists(os.path.join(out, "table4", "curves.png")))
+            self.assertFalse(os.path.exists(os.path.join(out, "table4", "pareto.png")))
+            self.assertIn("pareto (fewer than 2 configurations with a final ppl and /traffic, or their MB per step "
+                          "within 1%)", r.stdout)
 
     def test_reference_index(self):
         """The trainer's own files: Table 2 at cpu scale (5 schemes x 3 seeds, 300 steps), one run
@@ -375,6 +389,10 @@ class ReferenceResultsTest(unittest.TestCase):
         self.assertEqual(run.table("train")["step"].tolist(), list(range(1, 301)))
         self.assertEqual(run.table("eval")["step"].tolist(), list(range(0, 301, 50)))
         self.assertEqual(rows[("fig11", "seed1")]["status"], "complete")
+        t4 = {run: r for (exp, run), r in rows.items() if exp == "table4"}  # m = 16, 3 schemes x 3 seeds
+        self.assertEqual(sorted(t4), sorted([f"m16-{s}-seed{n}" for s in ("baseline", "cb", "cb_nonlep")
+                                             for n in (1, 2, 3)]))
+        self.assertEqual({r["status"] for r in t4.values()}, {"complete"})
 
 
 if __name__ == "__main__":

@@ -21,7 +21,15 @@ class Output:
     """Writes files under a root, leaving unchanged ones alone; counts what it did."""
 
     def __init__(self, root):
-        self.root, self.written, self.unchanged = root, [], []
+        self.root, self.written, self.unchanged, self.removed = root, [], [], []
+
+    def remove_stem(self, rel_stem):
+        """Deletes rel_stem.{png,pdf,md,tex} where they exist (an output no longer drawn)."""
+        for ext in ("png", "pdf", "md", "tex"):
+            path = os.path.join(self.root, f"{rel_stem}.{ext}")
+            if os.path.exists(path):
+                os.remove(path)
+                self.removed.append(path)
 
     def write(self, rel, data):
         path = os.path.join(self.root, rel)

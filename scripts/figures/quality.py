@@ -100,7 +100,12 @@ def curves_figure(experiment, configs, ref):
     return fig
 
 
+PARETO_MIN_SPREAD = 0.01  # the plot needs configurations whose MB per step differ by more than 1%
+
+
 def pareto_figure(experiment, configs):
+    """Final validation ppl against total MB per step, one point per configuration, and the Pareto
+    front; None with fewer than 2 such points or when their MB per step lie within 1% of each other."""
     pts = []
     for c in configs:
         mb = mb_per_step(c)
@@ -108,6 +113,9 @@ def pareto_figure(experiment, configs):
         if mb and ppl[2]:
             pts.append((sum(mb[k] for k in R.DATA_CLASSES), ppl[0], 0.0 if ppl[1] != ppl[1] else ppl[1], c))
     if len(pts) < 2:
+        return None
+    xs = [p[0] for p in pts]
+    if max(xs) - min(xs) <= PARETO_MIN_SPREAD * max(xs):  # one byte count: a front would mean nothing
         return None
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for x, y, e, c in pts:
@@ -119,7 +127,6 @@ def pareto_figure(experiment, configs):
             front.append((x, y))
             best = y
     ax.plot([p[0] for p in front], [p[1] for p in front], color="0.4", lw=0.8, ls=":", label="Pareto front")
-    xs = [p[0] for p in pts]
     if min(xs) > 0 and max(xs) / min(xs) > 10:
         ax.set_xscale("log")
     ax.set(xlabel="MB sent per training step (all ranks)", ylabel="final validation perplexity",
