@@ -27,6 +27,9 @@
 #include "harness/parallel/pipeline_runner.h"
 #include "harness/records/run_info.h"
 #include "harness/train/run_records.h"
+#include "harness/train/run_setup.h"
+#include "harness/train/sc_choice.h"
+#include "harness/train/stage_functions.h"
 #include "harness/parallel/stage_link.h"
 #include "harness/parallel/threads.h"
 #include "harness/parallel/nic_table.h"  // monotonic_ns
@@ -37,29 +40,6 @@
 namespace optcc {
 namespace fs = std::filesystem;
 
-// What the pipeline runner calls on this rank: embed on the first stage, this stage's blocks, the
-// loss on the last stage. Micro-batch data is loaded before each step by the stages that need it.
-class GptStageFunctions final : public StageFunctions {
- public:
-  GptStageFunctions(GptModel& model, int64_t microbatches) : model_(model), m_(microbatches) {}
-  std::vector<torch::Tensor> batches;  // [b, s + 1] per micro-batch (first and last stage)
-
-  torch::Tensor forward(int mb, const torch::Tensor& input) override {
-    const auto& st = model_->stage();
-    torch::Tensor x;
-    if (st.is_first || st.is_last) TORCH_CHECK(mb < static_cast<int>(batches.size()), "no data for micro-batch ", mb);
-    const int64_t s = st.is_first || st.is_last ? batches[mb].size(1) - 1 : 0;
-    x = st.is_first ? model_->embed(batches[mb].narrow(1, 0, s)) : input;
-    x = model_->run_layers(x);
-    if (!st.is_last) return x;
-    return model_->head_loss(x, batches[mb].narrow(1, 1, s)) / static_cast<double>(m_);
-  }
-
- private:
-  GptModel& model_;
-  int64_t m_;
-};
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -67,33 +47,6 @@ using Clock = std::chrono::steady_clock;
 std::string format_eta(double seconds) {
   const auto s = static_cast<int64_t>(std::max(0.0, seconds));
   return fmt::format("{:02d}:{:02d}:{:02d}", s / 3600, (s / 60) % 60, s % 60);
-}
-
-RunData open_data(const Config& c) {
-  const std::string prefix = c.data.prefix;
-  if (!fs::exists(prefix + ".idx") || !fs::exists(prefix + ".bin")) {
-    throw std::runtime_error(fmt::format(
-        "data error: the indexed dataset {}.bin/.idx (data.prefix) does not exist. Fix: run "
-        "`optcc data fetch --config {}` and `optcc data prepare --config {}` first.",
-        prefix, c.source_path, c.source_path));
-  }
-  auto indexed = std::make_shared<const data::IndexedDataset>(prefix);
-  const data::DatasetVocab vocab = data::dataset_vocab(*indexed);  // .json, or one scan of the .bin
-  check_dataset_vocab(c, vocab.min_token_id, vocab.max_token_id, vocab.vocab_size);
-  const auto splits = data::split_documents(indexed->num_documents(), c.data.split);
-  const std::string cache = (fs::path(c.data.dir) / "cache").string();
-  const auto seed = static_cast<uint64_t>(c.train.seed);
-  RunData d;
-  d.train = std::make_shared<const data::GptDataset>(
-      indexed, splits[0],
-      data::GptDatasetOptions{c.model.seq_len, c.train.train_steps * c.train.global_batch_size, seed, cache, "train"});
-  if (splits[1].end_doc > splits[1].begin_doc) {
-    d.valid = std::make_shared<const data::GptDataset>(
-        indexed, splits[1],
-        data::GptDatasetOptions{c.model.seq_len, c.train.eval_iters * c.train.micro_batch_size * c.parallel.dp, seed,
-                                cache, "valid"});
-  }
-  return d;
 }
 
 // Evaluation never touches training state. Its pipeline messages go through a fork of the
@@ -136,67 +89,6 @@ double validation_loss(GptModel& model, const Config& c, Distributed& d, const P
   auto t = torch::tensor({reporter ? sum / c.train.eval_iters / c.parallel.dp : 0.0}, torch::kDouble);
   d.world->all_reduce(t, Traffic::kControl);
   return t.item<double>();
-}
-
-// The checkpoint this run resumes from (nullopt: step 0), by TrainOptions' rules; before any work.
-std::optional<std::string> resume_point(const Config& c, const TrainOptions& o) {
-  if (o.resume) {
-    if (!find_checkpoint(*o.resume)) {
-      throw std::runtime_error(fmt::format(
-          "--resume {}: no checkpoint there (no `latest` file, no rank_00000.pt). Fix: point --resume at a "
-          "checkpoint.dir or one of its iter_NNNNNNN directories, or pass --resume auto, which starts at step 0 "
-          "when checkpoint.dir holds no checkpoint.",
-          *o.resume));
-    }
-    return o.resume;
-  }
-  const std::string dir = c.checkpoint_dir();
-  const auto found = find_checkpoint(dir);
-  if (found && !o.resume_auto) {
-    throw std::runtime_error(fmt::format(
-        "checkpoint.dir {} already holds a checkpoint ({}) of run '{}'; starting again at step 0 would mix two "
-        "runs there. Fix: pass --resume auto (or --resume) to continue from it, or give this run its own "
-        "log.run_name or checkpoint.dir, or remove {} to start over (results files are never overwritten).",
-        dir, fs::path(*found).filename().string(), c.run_name(), dir));
-  }
-  return found;
-}
-
-// <log.dir>/<run>[.resumed-<step>].h5, or the first free <that>.attempt-<n>.h5 (n = 2, 3, ...) when it
-// exists: an earlier attempt's results are never overwritten (the sink creates exclusively).
-std::unique_ptr<Hdf5MetricsSink> create_results(const Config& c, int64_t first_step,
-                                                const std::map<std::string, std::string>& attrs, bool quiet) {
-  fs::create_directories(c.log.dir);
-  std::string base = c.run_name();
-  if (first_step > 0) base += fmt::format(".resumed-{}", first_step);
-  const auto path = [&](int n) {
-    return (fs::path(c.log.dir) / (n == 1 ? base + ".h5" : fmt::format("{}.attempt-{}.h5", base, n))).string();
-  };
-  auto tables = result_tables();
-  if (!c.log.timeline_steps.empty()) {  // /timeline and /breakdown (timeline_records.h)
-    for (auto& t : timeline_tables()) tables.push_back(t);
-  }
-  for (int n = 1;; ++n) {
-    try {
-      auto sink = std::make_unique<Hdf5MetricsSink>(path(n), attrs, tables);
-      if (n > 1 && !quiet) {
-        spdlog::warn("{} exists (an earlier attempt's results, kept): this run writes {}", path(1), sink->path());
-      }
-      return sink;
-    } catch (const ResultsFileExists&) {
-      if (n >= 10000) throw;
-    }
-  }
-}
-
-std::string stage_layers_text(const Config& c) {
-  std::string out;
-  int64_t first = 0;
-  for (auto n : c.stage_layer_counts()) {
-    out += fmt::format("{}[{}, {})", out.empty() ? "" : " ", first, first + n);
-    first += n;
-  }
-  return out;
 }
 
 }  // namespace
@@ -245,81 +137,6 @@ TrainSummary run_training(Config cfg, const TrainOptions& options) {
 }
 
 namespace {
-
-// SC `auto` (spec §6.5): one calibration step before training decides which stages compress.
-struct ScChoice {
-  std::vector<bool> compress;           // [stages]
-  std::vector<double> end, raw, comp0;  // per stage: schedule end after a common barrier, raw DP
-                                        // all-reduce time, stage 0's compressed time (s)
-};
-
-ScChoice calibrate_sc_auto(const Config& cfg, Distributed& d, GptModel& model, const PipelineSchedule& pipeline,
-                           GptStageFunctions& fn, const std::vector<int64_t>& act_shape, int64_t m,
-                           const RunData& data) {
-  const RankCoord coord = d.coord();
-  const int stages = static_cast<int>(cfg.parallel.pp);
-  // Nothing of the run may change: generators are restored, the data position is not advanced,
-  // the pipeline codec (LEP, Q) is not used (an uncompressed link), no optimizer step.
-  auto cpu_gen = at::detail::getDefaultCPUGenerator();
-  const torch::Tensor cpu_state = cpu_gen.get_state();
-  const torch::Tensor attention_state = model->attention_generator().get_state();
-  fn.batches.clear();
-  if (model->stage().is_first || model->stage().is_last) {
-    BatchLoader calib(data.train, cfg.model.seq_len, cfg.train.micro_batch_size, coord.dp, cfg.parallel.dp, 0);
-    for (int64_t i = 0; i < m; ++i) fn.batches.push_back(calib.next());
-  }
-  StageLink plain(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape});
-  auto params = model->parameters();
-  for (auto& p : params) p.mutable_grad() = torch::Tensor();
-  d.world->barrier();
-  const auto t0 = Clock::now();
-  run_pipeline_step(pipeline, fn, plain, static_cast<int>(m));
-  const double end = std::chrono::duration<double>(Clock::now() - t0).count();
-  auto grads = ensure_grads(params);
-  std::vector<torch::Tensor> copy;
-  for (const auto& g : grads) copy.push_back(g.clone());
-  Registry<GradReducer> registry;
-  register_builtin_grad_reducers(registry);
-  auto timed = [&](const std::string& name, const YAML::Node& options) {
-    auto reducer = registry.create(name, options);
-    std::vector<torch::Tensor> work;
-    for (const auto& g : copy) work.push_back(g.clone());
-    d.dp->barrier();
-    const auto t = Clock::now();
-    reducer->reduce(work, *d.dp, 0);
-    return std::chrono::duration<double>(Clock::now() - t).count();
-  };
-  const double raw = d.dp->size() > 1 ? timed("none", YAML::Node()) : 0.0;
-  const double comp = d.dp->size() > 1 && coord.pp == 0 ? timed(cfg.compression.dp.name, cfg.compression.dp.options) : 0.0;
-  for (auto& p : params) p.mutable_grad() = torch::Tensor();
-  fn.batches.clear();
-  cpu_gen.set_state(cpu_state);
-  model->attention_generator().set_state(attention_state);
-  auto mine = torch::tensor({static_cast<double>(coord.pp), end, raw, comp}, torch::kDouble);
-  auto all = d.world->all_gather(mine.unsqueeze(0), Traffic::kControl, 0);
-  d.meter.reset();
-  ScChoice c;
-  c.end.assign(stages, 0.0), c.raw.assign(stages, 0.0), c.comp0.assign(stages, 0.0);
-  auto a = all.accessor<double, 2>();
-  for (int64_t r = 0; r < all.size(0); ++r) {  // per stage, the slowest of its ranks
-    const int k = static_cast<int>(a[r][0]);
-    c.end[k] = std::max(c.end[k], a[r][1]), c.raw[k] = std::max(c.raw[k], a[r][2]);
-    c.comp0[k] = std::max(c.comp0[k], a[r][3]);
-  }
-  c.compress.assign(stages, false);
-  for (int k = 0; k < stages; ++k) {  // compress k iff its raw all-reduce ends after stage 0's compressed one
-    c.compress[k] = c.end[k] + c.raw[k] > c.end[0] + c.comp0[0];
-  }
-  return c;
-}
-
-// Which stages compress DP gradients (SC), for the log and results: "c,c,raw" or "all raw".
-std::string sc_stages_text(const Config& cfg, const std::vector<bool>& sc_compress) {
-  if (cfg.compression.dp.name == "none") return std::string("all raw");
-  std::string out;
-  for (size_t k = 0; k < sc_compress.size(); ++k) out += fmt::format("{}{}", out.empty() ? "" : ",", sc_compress[k] ? "c" : "raw");
-  return out;
-}
 
 int64_t bytes_of(const torch::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
 
