@@ -81,6 +81,10 @@ void validate_parallel(const Config& c, int64_t world_size) {
          fmt::format("must equal the number of ranks, {}", world_size),
          "change tp/pp/dp so that their product is the world size (or launch that many ranks)");
   }
+  if (p.ranks_per_node < 0) {
+    fail("parallel.ranks_per_node", std::to_string(p.ranks_per_node), "must be >= 0",
+         "give the ranks per node of the cluster, or 0 for the launcher's local world size");
+  }
   if (p.schedule != "1f1b" && p.schedule != "gpipe") {
     fail("parallel.schedule", "'" + p.schedule + "'", "must be 1f1b or gpipe", "pick one of them");
   }

@@ -278,6 +278,7 @@ YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec);
 /// integer way capped at pp, or -1 for `auto` (decided at run time). Throws ConfigError otherwise.
 int64_t sc_way(const Config& c);
 /// If model.vocab_size is 0, reads it from <data.prefix>.json; throws ConfigError if unavailable.
+/// Any other value is left as it is (a negative one for validate() to reject).
 void resolve_vocab(Config& cfg);
 
 /// Before the first step (the trainer's open_data): every token id of the dataset must index the

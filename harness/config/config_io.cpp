@@ -387,7 +387,7 @@ std::string to_yaml(const Config& const_cfg) {
 }
 
 void resolve_vocab(Config& cfg) {
-  if (cfg.model.vocab_size > 0) return;
+  if (cfg.model.vocab_size != 0) return;  // a negative value is left for validate() to name
   const std::string meta = cfg.data.prefix + ".json";
   std::ifstream in(meta);
   if (!in) {

@@ -168,6 +168,19 @@ TEST(Config, LayoutSizesMustBePositive) {
   }
 }
 
+TEST(Config, NegativeRanksPerNodeAndVocabAreNamed) {
+  Config c;
+  c.model.vocab_size = 100;
+  c.parallel.ranks_per_node = -1;
+  EXPECT_THAT(validate_error(c, 1), HasSubstr("parallel.ranks_per_node = -1: must be >= 0"));
+  c.parallel.ranks_per_node = 0;  // the launcher's local world size
+  EXPECT_EQ(validate_error(c, 1), "");
+  c.model.vocab_size = -1;  // not "take it from the dataset" (0): resolve_vocab leaves it, validate names it
+  resolve_vocab(c);
+  EXPECT_EQ(c.model.vocab_size, -1);
+  EXPECT_THAT(validate_error(c, 1), HasSubstr("model.vocab_size = -1: must be >= 0"));
+}
+
 TEST(Config, VocabPaddingToDivisorTimesTp) {  // BR-15
   Config c;
   c.model.vocab_size = 50257;
