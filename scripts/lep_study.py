@@ -18,7 +18,8 @@ Writes, into OUT (default paper/lep-study/):
                         ‖carried‖/‖slice‖, cos(carried, slice), |cos(carried, X_src − X_now)|,
                         the share of sends whose carried error came from an earlier iteration
   predictors.md         across every (variant, cell, seed) with a carried error: the Pearson
-                        correlation of each diagnostic with the paired loss difference
+                        correlation of each diagnostic with the paired loss difference, over all
+                        points and within configurations (each one's mean removed)
   verdict.md            which variant, if any, beats both lazy and off in every cell at every seed
   curves-<cell>.{png,pdf}  validation loss minus the baseline's (paired by seed, mean and range)
                         against step, one line per variant, at every CB rank of the cell
@@ -115,7 +116,7 @@ def study_tables(cells):
     diff = Table("LEP study: final validation loss minus the baseline's at the same seed (nats)", head, [])
     diag = Table("LEP diagnostics per variant and cell (issue 16)",
                    ["variant", "cell"] + [label for _, label in DIAGNOSTICS] + ["sends (last half)"], [])
-    points = []  # (diagnostics, paired difference) for predictors.md
+    points = []  # (diagnostics, paired difference, configuration) for predictors.md
     paired = {}  # (variant, cell, rank) -> {seed: diff}
     for v in VARIANTS:
         row = [v]
@@ -134,50 +135,66 @@ def study_tables(cells):
                          + [str(sum(x["sends"] for x in ok))])
             for seed, x in per_seed.items():
                 if x and seed in d:
-                    points.append((x, d[seed]))
+                    points.append((x, d[seed], (v, c.name, r)))
         diff.rows.append(row)
     return diff, diag, points, paired
 
 
+def _pearson(xs, ys):
+    xs, ys = np.asarray(xs, dtype=float), np.asarray(ys, dtype=float)
+    flat = lambda a: a.std() <= 1e-12 * (1.0 + np.abs(a).max())  # noqa: E731 -- constant up to round-off
+    return float(np.corrcoef(xs, ys)[0, 1]) if len(xs) > 2 and not flat(xs) and not flat(ys) else float("nan")
+
+
 def predictors_text(points):
-    lines = ["| diagnostic | Pearson r with the paired loss difference | points |", "|---|---|---|"]
+    """Pearson r of each diagnostic with the paired loss difference, over all (configuration, seed)
+    points, and within configurations (each configuration's mean removed from both), which tells
+    a diagnostic that follows the seed-to-seed spread from one that only separates variants."""
+    lines = ["| diagnostic | Pearson r with the paired loss difference | within configurations | points | configurations |",
+             "|---|---|---|---|---|"]
     for key, label in DIAGNOSTICS:
-        xs = [(p[key], y) for p, y in points if math.isfinite(p.get(key, float("nan")))]
-        if len(xs) < 3:
-            lines.append(f"| {label} | – | {len(xs)} |")
+        pts = [(p[key], y, g) for p, y, g in points if math.isfinite(p.get(key, float("nan")))]
+        groups = sorted({g for _, _, g in pts})
+        if len(pts) < 3:
+            lines.append(f"| {label} | – | – | {len(pts)} | {len(groups)} |")
             continue
-        a = np.array(xs)
-        r = float(np.corrcoef(a[:, 0], a[:, 1])[0, 1]) if a[:, 0].std() > 0 and a[:, 1].std() > 0 else float("nan")
-        lines.append(f"| {label} | {r:+.3f} | {len(xs)} |")
+        mean = {g: (np.mean([x for x, _, h in pts if h == g]), np.mean([y for _, y, h in pts if h == g])) for g in groups}
+        r = _pearson([x for x, _, _ in pts], [y for _, y, _ in pts])
+        within = _pearson([x - mean[g][0] for x, _, g in pts], [y - mean[g][1] for _, y, g in pts])
+        lines.append(f"| {label} | {r:+.3f} | {within:+.3f} | {len(pts)} | {len(groups)} |")
     return "\n".join(lines) + "\n"
 
 
 def verdict_text(cells, paired):
-    """Which variant beats both lazy and off in every (cell, rank) at every seed."""
+    """Which variant beats both lazy and off in every (cell, rank) run so far, at every seed."""
     lines = []
     winners = []
     totals = []
+    runs = [f"{c.name} r{r}" for c in cells for r in c.ranks]
     for v in VARIANTS:
         if v in ("lazy", "off"):
             continue
-        beaten, total = 0, 0
-        for c in cells:
-            for r in c.ranks:
-                mine = paired.get((v, c.name, r), {})
-                for other in ("lazy", "off"):
-                    theirs = paired.get((other, c.name, r), {})
+        counts = {}
+        for other in ("lazy", "off"):
+            beaten, total = 0, 0
+            for c in cells:
+                for r in c.ranks:
+                    mine, theirs = paired.get((v, c.name, r), {}), paired.get((other, c.name, r), {})
                     for s in mine:
                         if s in theirs:
                             total += 1
                             beaten += mine[s] < theirs[s]
-        totals.append(total)
-        lines.append(f"- {v}: lower final loss than lazy and off in {beaten} of {total} paired comparisons")
-        if total and beaten == total:
+            counts[other] = (beaten, total)
+        totals.append(counts["lazy"][1] + counts["off"][1])
+        lines.append(f"- {v}: lower final loss than lazy at {counts['lazy'][0]} of {counts['lazy'][1]} paired seeds, "
+                     f"than off at {counts['off'][0]} of {counts['off'][1]}")
+        if all(t and b == t for b, t in counts.values()):
             winners.append(v)
     if not any(t for t in totals):
         return "No comparison yet: no new variant has a run paired with lazy and off at the same seed.\n"
-    head = (f"Recommended: {', '.join(winners)} (beats lazy and off in every cell at every seed)."
-            if winners else "No variant beats both lazy and off in every cell at every seed.")
+    where = f"the {len(runs)} (cell, CB rank) pairs run so far ({', '.join(runs)})"
+    head = (f"Recommended: {', '.join(winners)} (beats lazy and off at every seed in {where})."
+            if winners else f"No variant beats both lazy and off at every seed in {where}.")
     return head + "\n\n" + "\n".join(lines) + "\n"
 
 
