@@ -10,7 +10,7 @@ set(ALLOW_datasets "")
 set(ALLOW_harness_records "")
 set(ALLOW_models "harness/parallel;kernels")
 set(ALLOW_compression "harness/parallel;kernels")
-set(ALLOW_harness_config "compression;models")
+set(ALLOW_harness_config "compression;models;datasets")
 set(ALLOW_harness_train "harness/config;harness/records;harness/parallel;models;compression;datasets;kernels")
 set(ALLOW_harness_tools "harness/train;${ALLOW_harness_train}")
 set(ALLOW_harness "harness/tools;${ALLOW_harness_tools}")   # main.cpp

@@ -181,6 +181,22 @@ TEST(Config, NegativeRanksPerNodeAndVocabAreNamed) {
   EXPECT_THAT(validate_error(c, 1), HasSubstr("model.vocab_size = -1: must be >= 0"));
 }
 
+// data.split is checked with the dataset's own rule before any rank starts (it was only found by
+// the trainer's open_data, after launch, and `config show` / `sweep --check` passed it).
+TEST(Config, MalformedDataSplitIsNamed) {
+  Config c;
+  c.model.vocab_size = 100;
+  c.data.split = "bogus";
+  EXPECT_THAT(validate_error(c, 1), HasSubstr("data.split = 'bogus'"));
+  EXPECT_THAT(validate_error(c, 1), HasSubstr("'bogus' is not a decimal number"));
+  c.data.split = "0,0,0";
+  EXPECT_THAT(validate_error(c, 1), HasSubstr("the weights sum to 0"));
+  for (const char* ok : {"949,50,1", "90/10", "1"}) {
+    c.data.split = ok;
+    EXPECT_EQ(validate_error(c, 1), "") << ok;
+  }
+}
+
 TEST(Config, VocabPaddingToDivisorTimesTp) {  // BR-15
   Config c;
   c.model.vocab_size = 50257;
