@@ -29,24 +29,39 @@ std::string trim(const std::string& s) {
       "e.g. \"949,50,1\" (train, valid, test)", split, why));
 }
 
-std::vector<double> parse_split_weights(const std::string& split) {
+// The 1-3 weights of `split` (split_documents' rule), or empty with `why` set when malformed.
+std::vector<double> split_weights(const std::string& split, std::string& why) {
   std::vector<double> weights;
   size_t start = 0;
   while (true) {
     const size_t end = split.find_first_of(",/", start);
     const std::string piece = trim(split.substr(start, end == std::string::npos ? std::string::npos : end - start));
-    if (piece.empty()) bad_split(split, "empty weight");
+    if (piece.empty()) {
+      why = "empty weight";
+      return {};
+    }
     char* stop = nullptr;
     const double w = std::strtod(piece.c_str(), &stop);  // decimal only: strtod alone takes 0x1p3, nan, inf
     if (*stop != '\0' || piece.find_first_not_of("0123456789.eE+-") != std::string::npos) {
-      bad_split(split, fmt::format("'{}' is not a decimal number", piece));
+      why = fmt::format("'{}' is not a decimal number", piece);
+      return {};
     }
-    if (!std::isfinite(w) || w < 0) bad_split(split, fmt::format("weight {} is negative or not finite", piece));
+    if (!std::isfinite(w) || w < 0) {
+      why = fmt::format("weight {} is negative or not finite", piece);
+      return {};
+    }
     weights.push_back(w);
     if (end == std::string::npos) break;
     start = end + 1;
   }
-  if (weights.size() > 3) bad_split(split, fmt::format("{} weights given", weights.size()));
+  if (weights.size() > 3) {
+    why = fmt::format("{} weights given", weights.size());
+    return {};
+  }
+  if (weights[0] + (weights.size() > 1 ? weights[1] : 0.0) + (weights.size() > 2 ? weights[2] : 0.0) <= 0) {
+    why = "the weights sum to 0";
+    return {};
+  }
   return weights;
 }
 
@@ -92,12 +107,19 @@ bool decode_cache(const std::string& path, const std::string& key, std::vector<i
 
 }  // namespace
 
+std::string split_problem(const std::string& split) {
+  std::string why;
+  split_weights(split, why);
+  return why;
+}
+
 std::array<SplitRange, 3> split_documents(int64_t num_documents, const std::string& split) {
   if (num_documents < 0) throw std::invalid_argument(fmt::format("split_documents: {} documents", num_documents));
-  std::vector<double> w = parse_split_weights(split);
+  std::string why;
+  std::vector<double> w = split_weights(split, why);
+  if (w.empty()) bad_split(split, why);
   w.resize(3, 0.0);
   const double sum = w[0] + w[1] + w[2];
-  if (sum <= 0) bad_split(split, "the weights sum to 0");
   std::array<int64_t, 4> bound{0, 0, 0, 0};
   for (int k = 0; k < 3; ++k)  // nearbyint rounds half to even, like Python's round()
     bound[k + 1] = bound[k] + int64_t(std::nearbyint(w[k] / sum * double(num_documents)));

@@ -29,8 +29,13 @@ struct SplitRange { int64_t begin_doc = 0, end_doc = 0; };  // documents [begin,
 // "949,50,1" (or "98,2,0", "1", "90/10": 1-3 non-negative weights, ',' or '/') -> train/valid/test
 // document ranges by Megatron's rule: weights normalised; bounds[k+1] = bounds[k] + round(w_k * n);
 // all bounds shifted so the last equals n (then clamped to stay within [0, n] and monotone).
-// Throws std::invalid_argument naming `data.split` on malformed input.
+// Throws std::invalid_argument naming `data.split` on malformed input (split_problem's reason).
 std::array<SplitRange, 3> split_documents(int64_t num_documents, const std::string& split);
+
+// Why `split` is malformed under split_documents' rule ("empty weight", "'x' is not a decimal
+// number", "weight -1 is negative or not finite", "4 weights given", "the weights sum to 0"), or ""
+// when it is well-formed. Throws nothing. Config validation uses it before any rank starts.
+std::string split_problem(const std::string& split);
 
 struct GptDatasetOptions {
   int64_t seq_len = 0;        // tokens per sample; each sample holds seq_len + 1 tokens

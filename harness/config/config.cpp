@@ -231,12 +231,8 @@ void validate_compression(const Config& c) {
 void validate_rest(const Config& c) {
   if (c.data.vocab_size < 16) fail("data.vocab_size", std::to_string(c.data.vocab_size),
                                    "must be >= 16", "use e.g. 8000");
-  try {  // the dataset's own rules (datasets/gpt_dataset.h), checked before any rank starts
-    data::split_documents(1, c.data.split);
-  } catch (const std::invalid_argument& e) {
-    std::string why = e.what();  // "data.split: '...' is malformed: <why>; expected ..."
-    const auto from = why.find("is malformed: "), to = why.find("; expected");
-    if (from != std::string::npos && to != std::string::npos && to > from) why = why.substr(from + 14, to - from - 14);
+  // The dataset's own rule (datasets/gpt_dataset.h), checked before any rank starts.
+  if (const std::string why = data::split_problem(c.data.split); !why.empty()) {
     fail("data.split", "'" + c.data.split + "'",
          "must be 1-3 non-negative weights separated by ',' or '/' (" + why + ")",
          "use e.g. \"949,50,1\" (train, valid, test)");
