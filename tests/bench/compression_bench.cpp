@@ -372,6 +372,35 @@ PresetShapes preset_shapes(const std::string& preset) {
   return s;
 }
 
+// --- the low-rank decode's GEMM, library against library ------------------------------------------
+
+/// out = P̂·Qᵀ ([rows, r] x [r, cols], the lowrank decode) into a reused output, through `how`:
+/// "mm_f32_out" (what the codec runs: oneDNN when the build has it) or "aten" (at::mm, LibTorch's
+/// BLAS); and "fill": a write of the output alone (fill_ with a constant), the same bytes with no
+/// arithmetic. fill's bw_fraction is what the bandwidth bound allows; the GEMM's GFLOPs against the
+/// context's sgemm_1024_GFLOPs shows how far the decode is from the machine's GEMM peak (at r = 16,
+/// 32 flop per 4-byte element: compute bound where the peak is below 8 × the bandwidth).
+void bm_decode_gemm(benchmark::State& state, int64_t rows, int64_t cols, int64_t r, const std::string& how) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::detail::createCPUGenerator(99);
+  const auto p = torch::randn({rows, r}, gen, torch::kFloat), q = torch::randn({cols, r}, gen, torch::kFloat);
+  auto out = torch::empty({rows, cols});
+  out.fill_(0.0f);  // fault the pages in
+  for (auto _ : state) {
+    if (how == "fill") {
+      out.fill_(1.0f);
+    } else if (how == "mm_f32_out") {
+      optcc::mm_f32_out(out, p, q.t());
+    } else {
+      optcc::mm_f32_out_with(optcc::GemmLibrary::kAten, out, p, q.t());
+    }
+    benchmark::DoNotOptimize(out.data_ptr());
+    benchmark::ClobberMemory();
+  }
+  const double numel = static_cast<double>(rows * cols);
+  set_counters(state, 4.0 * numel, 4.0 * numel, 0.0, how == "fill" ? 0.0 : 2.0 * numel * static_cast<double>(r));
+}
+
 template <class F>
 void add(const std::string& name, F fn) {
   benchmark::RegisterBenchmark(name.c_str(), fn)->Unit(benchmark::kMicrosecond);
@@ -379,6 +408,13 @@ void add(const std::string& name, F fn) {
 
 void register_all() {
   benchmark::RegisterBenchmark("membw/copy_256MiB", bm_copy)->Unit(benchmark::kMillisecond);
+  for (const auto& shape : kFig14) {
+    for (const std::string how : {"mm_f32_out", "aten", "fill"}) {
+      const int64_t rows = shape.first, cols = shape.second;
+      add(fmt::format("gemm/decode/fig14/{}/r16/{}", shape_name(rows, cols), how),
+          [=](benchmark::State& st) { bm_decode_gemm(st, rows, cols, 16, how); });
+    }
+  }
   const auto codecs = optcc::act_codec_names();
   for (const auto& codec : codecs) {
     for (bool encode : {true, false}) {
