@@ -12,7 +12,7 @@
 
 #include "compression/orthogonalize.h"  // MGS, shared with the DP PowerSGD reducer
 #include "compression/raw_loops.h"
-#include "kernels/gemm.h"                // the fp32 GEMM (oneDNN)
+#include "kernels/thin_gemm.h"           // the low-rank products (P = M·Q, Q = Mᵀ·P̂, M̂ = P̂·Qᵀ)
 
 namespace optcc {
 
@@ -92,10 +92,10 @@ Payload LowRankCodec::encode_impl(const torch::Tensor& x) {
   orthogonalize(q);
   refill_zero_columns_(q, gen_, orthogonalize);  // after a zero / rank-deficient message
   auto p = torch::empty({rows, r}, m.options());
-  mm_f32_out(p, m, q);  // P = M Q [rows, r]
+  thin_mm_f32_out(p, m, q);  // P = M Q [rows, r]
   orthogonalize(p);
   q_ = torch::empty({cols, r}, m.options());
-  mm_f32_out(q_, m.t(), p);  // Q = Mᵀ P̂ [cols, r], not normalised; sent and kept for the warm start
+  thin_mm_f32_out(q_, m.t(), p);  // Q = Mᵀ P̂ [cols, r], not normalised; sent and kept for the warm start
   return {{p, q_}};
 }
 
@@ -103,7 +103,7 @@ void LowRankCodec::decode_impl(const Payload& p, torch::Tensor& out) const {
   const auto& factor_p = p.parts[0];  // [rows, r]
   const auto& factor_q = p.parts[1];  // [cols, r]
   auto m = out.view({factor_p.size(0), factor_q.size(0)});  // M̂ = P̂·Qᵀ straight into out
-  mm_f32_out(m, factor_p, factor_q.t());
+  thin_mm_f32_out(m, factor_p, factor_q.t());
 }
 
 void LowRankCodec::save(torch::serialize::OutputArchive& archive) const {

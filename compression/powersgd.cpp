@@ -7,7 +7,7 @@
 
 #include "compression/options.h"
 #include "compression/orthogonalize.h"
-#include "kernels/gemm.h"
+#include "kernels/thin_gemm.h"
 
 namespace optcc {
 namespace {
@@ -188,7 +188,7 @@ void PowerSgdReducer::compute_p(const Plan& p, std::vector<torch::Tensor>& grads
     ps.push_back(f.p_all.narrow(0, po, p.rows[k] * p.r[k]).view({p.rows[k], p.r[k]}));
     qs.push_back(f.q_all.narrow(0, qo, p.cols[k] * p.r[k]).view({p.cols[k], p.r[k]}));
     po += p.rows[k] * p.r[k], qo += p.cols[k] * p.r[k];
-    mm_f32_out(ps[k], m, prepare_q(i, p.cols[k], p.r[k]).to(m.device()));
+    thin_mm_f32_out(ps[k], m, prepare_q(i, p.cols[k], p.r[k]).to(m.device()));
     ms.push_back(std::move(m));
   }
 }
@@ -213,9 +213,9 @@ void PowerSgdReducer::finish_low_rank(const Plan& p, std::vector<torch::Tensor>&
   auto& q_all = f.q_all;
   for (size_t k = 0; k < p.low.size(); ++k) {
     orthogonalize(ps[k]);
-    mm_f32_out(qs[k], ms[k].t(), ps[k]);
+    thin_mm_f32_out(qs[k], ms[k].t(), ps[k]);
     if (opt_.error_feedback && opt_.ef_residual == "local") {
-      mm_f32_out(ef_[p.low[k]], ps[k], qs[k].t(), -1.0f, 1.0f);  // EF = M − P̂ Q_localᵀ, in place
+      thin_mm_f32_out(ef_[p.low[k]], ps[k], qs[k].t(), -1.0f, 1.0f);  // EF = M − P̂ Q_localᵀ, in place
     }
   }
   if (p.q_numel > 0) {
@@ -227,7 +227,7 @@ void PowerSgdReducer::finish_low_rank(const Plan& p, std::vector<torch::Tensor>&
     const bool direct = grads[i].scalar_type() == torch::kFloat && grads[i].is_contiguous();
     auto out = direct ? grads[i].view({p.rows[k], p.cols[k]})   // written in place
                       : torch::empty({p.rows[k], p.cols[k]}, fopt);  // [rows, cols] fp32 ≈ DP mean
-    mm_f32_out(out, ps[k], qs[k].t());
+    thin_mm_f32_out(out, ps[k], qs[k].t());
     if (opt_.error_feedback && opt_.ef_residual == "averaged") ef_[i].sub_(out);  // EF = M − out
     if (!direct) grads[i].copy_(out.view_as(grads[i]));
     q_[i] = opt_.warm_start ? qs[k].clone() : torch::Tensor();

@@ -16,7 +16,8 @@
 //                                     r = 8, 16, 24, 32, 40 (token_major view, hidden = cols);
 //                                     the others at their defaults (int8/int4: hidden = cols;
 //                                     topk: fraction 0.01). One warm-up encode first (lowrank:
-//                                     warm-start Q). decode gets a payload of that input.
+//                                     warm-start Q). decode gets a payload of that input, after
+//                                     one warm-up decode (the reused output buffer allocated).
 //   codec/<name>/{encode,decode}/<preset>/<param>/<rows>x<cols>[/r16]
 //                                     the same codecs on the weight shapes of the tiny, mini and
 //                                     small presets (models/presets.cpp), hidden = cols: qkv
@@ -118,6 +119,7 @@
 #include "compression/act_codec.h"
 #include "compression/grad_reducer.h"
 #include "compression/orthogonalize.h"
+#include "kernels/thin_gemm.h"
 #include "kernels/gemm.h"
 #include "compression/registry.h"
 #include "harness/parallel/communicator.h"
@@ -260,6 +262,9 @@ void bm_codec(benchmark::State& state, const CodecCase& c, bool encode) {
   } else {
     p = codec->encode(x);
     for (auto& part : p.parts) part = part.clone();  // detach from x and the codec's state
+    // Warm-up decode: the codec's reused output buffer is allocated (and its pages faulted in)
+    // once, as in a run, where a link decodes thousands of messages into it.
+    benchmark::DoNotOptimize(codec->decode(p, numel).data_ptr());
     for (auto _ : state) {
       auto y = codec->decode(p, numel);
       benchmark::DoNotOptimize(y.data_ptr());
@@ -372,27 +377,37 @@ PresetShapes preset_shapes(const std::string& preset) {
   return s;
 }
 
-// --- the low-rank decode's GEMM, library against library ------------------------------------------
+// --- the low-rank products, kernel against library -------------------------------------------------
 
-/// out = P̂·Qᵀ ([rows, r] x [r, cols], the lowrank decode) into a reused output, through `how`:
-/// "mm_f32_out" (what the codec runs: oneDNN when the build has it) or "aten" (at::mm, LibTorch's
-/// BLAS); and "fill": a write of the output alone (fill_ with a constant), the same bytes with no
-/// arithmetic. fill's bw_fraction is what the bandwidth bound allows; the GEMM's GFLOPs against the
-/// context's sgemm_1024_GFLOPs shows how far the decode is from the machine's GEMM peak (at r = 16,
-/// 32 flop per 4-byte element: compute bound where the peak is below 8 × the bandwidth).
-void bm_decode_gemm(benchmark::State& state, int64_t rows, int64_t cols, int64_t r, const std::string& how) {
+/// One of the three products of a low-rank compressor on a Fig. 14 slice M [rows, cols] at rank r
+/// (kernels/thin_gemm.h): "project" P = M·Q, "back-project" Q = Mᵀ·P̂, "expand" M̂ = P̂·Qᵀ into a
+/// reused output, through `how`: "thin" (thin_mm_f32_out, what the codecs run), "mm_f32_out" (the
+/// general GEMM: oneDNN when the build has it) or "aten" (at::mm, LibTorch's BLAS); and, for
+/// expand, "fill": fill_ of the output with a constant, the same bytes written with no arithmetic
+/// (what normal stores reach). Bytes: M read (project, back-project) or written (expand), 4 per
+/// element; 2·r flop per element.
+void bm_lowrank_product(benchmark::State& state, int64_t rows, int64_t cols, int64_t r, const std::string& product,
+                        const std::string& how) {
   torch::NoGradGuard no_grad;
   auto gen = at::detail::createCPUGenerator(99);
   const auto p = torch::randn({rows, r}, gen, torch::kFloat), q = torch::randn({cols, r}, gen, torch::kFloat);
-  auto out = torch::empty({rows, cols});
-  out.fill_(0.0f);  // fault the pages in
+  const bool expand = product == "expand";
+  auto m = expand ? torch::empty({rows, cols}) : torch::randn({rows, cols}, gen, torch::kFloat);
+  m.fill_(0.0f);  // fault the pages in
+  if (!expand) m.normal_(0.0, 1.0, gen);
+  auto out = product == "project" ? torch::empty({rows, r}) : product == "back-project" ? torch::empty({cols, r}) : m;
+  const torch::Tensor a = product == "project" ? m : product == "back-project" ? m.t() : p;
+  const torch::Tensor b = product == "project" ? q : product == "back-project" ? p : q.t();
+  if (how == "thin") state.SetLabel(optcc::thin_gemm_isa() + " " + optcc::thin_gemm_path(out, a, b));
   for (auto _ : state) {
     if (how == "fill") {
       out.fill_(1.0f);
+    } else if (how == "thin") {
+      optcc::thin_mm_f32_out(out, a, b);
     } else if (how == "mm_f32_out") {
-      optcc::mm_f32_out(out, p, q.t());
+      optcc::mm_f32_out(out, a, b);
     } else {
-      optcc::mm_f32_out_with(optcc::GemmLibrary::kAten, out, p, q.t());
+      optcc::mm_f32_out_with(optcc::GemmLibrary::kAten, out, a, b);
     }
     benchmark::DoNotOptimize(out.data_ptr());
     benchmark::ClobberMemory();
@@ -409,10 +424,13 @@ void add(const std::string& name, F fn) {
 void register_all() {
   benchmark::RegisterBenchmark("membw/copy_256MiB", bm_copy)->Unit(benchmark::kMillisecond);
   for (const auto& shape : kFig14) {
-    for (const std::string how : {"mm_f32_out", "aten", "fill"}) {
-      const int64_t rows = shape.first, cols = shape.second;
-      add(fmt::format("gemm/decode/fig14/{}/r16/{}", shape_name(rows, cols), how),
-          [=](benchmark::State& st) { bm_decode_gemm(st, rows, cols, 16, how); });
+    for (const std::string product : {"project", "back-project", "expand"}) {
+      for (const std::string how : {"thin", "mm_f32_out", "aten", "fill"}) {
+        if (how == "fill" && product != "expand") continue;
+        const int64_t rows = shape.first, cols = shape.second;
+        add(fmt::format("gemm/{}/fig14/{}/r16/{}", product, shape_name(rows, cols), how),
+            [=](benchmark::State& st) { bm_lowrank_product(st, rows, cols, 16, product, how); });
+      }
     }
   }
   const auto codecs = optcc::act_codec_names();
