@@ -48,10 +48,12 @@ bench: build
 	$(OPTCC) bench step --config experiments/bench-small.yaml --threads 1
 
 # results/index.csv and every figure/table the results allow (results/**, the committed
-# results/reference/ included) into paper/; needs no build.
+# results/reference/ included) into paper/, and the LEP study's tables and curves
+# (paper/lep-study/) from its committed runs (results/reference/lep-study-*/); needs no build.
 figures:
 	$(PYTHON) scripts/results_index.py --results results
 	$(PYTHON) scripts/make_figures.py --results results --out paper
+	$(PYTHON) scripts/lep_study.py --results results/reference --out paper/lep-study
 
 # The scale simulator's projection table (paper/projected-speedups.md): predictions, trains nothing
 # (builds optcc first, like every target that needs it).
