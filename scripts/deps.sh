@@ -11,6 +11,7 @@ PACKAGES=(
   libdnnl-dev             # oneDNN: the fp32 GEMM of the linear layers and low-rank codecs (kernels/gemm.h)
   ocl-icd-opencl-dev      # libdnnl-dev's CMake config requires OpenCL (a Recommends, so named here)
   libgloo-dev             # Gloo process groups (multi-rank on CPU)
+  libjemalloc-dev         # the heap allocator, set to reuse freed pages (harness/parallel/allocator.h)
   libhdf5-dev             # HDF5 C++ API for results
   libyaml-cpp-dev libcli11-dev libfmt-dev libspdlog-dev nlohmann-json3-dev
   libsentencepiece-dev sentencepiece

@@ -7,6 +7,7 @@
 #include <chrono>
 
 #include "harness/train/optimizer.h"
+#include "harness/parallel/allocator.h"
 #include "harness/parallel/threads.h"
 #include "harness/train/trainer.h"
 #include "kernels/gemm.h"
@@ -95,6 +96,7 @@ StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t th
   r.tokens_per_second = cfg.train.global_batch_size * o.seq_len / r.step_seconds;
   r.model_gflops = gpt_train_flops(o, cfg.train.global_batch_size) / r.step_seconds / 1e9;
   r.linear_library = gemm_library();
+  r.allocator = cpu_allocator();
   for (GemmLibrary lib : gemm_libraries()) {
     const double g = gemm_gflops(lib, model_gemm_shapes(o, cfg.train.micro_batch_size));
     r.gemm.push_back({gemm_library_name(lib), g});

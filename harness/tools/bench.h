@@ -21,6 +21,7 @@ struct StepBenchResult {
   std::string gemm_library;      // ... and its name
   std::vector<std::pair<std::string, double>> gemm;  // every library: name, GFLOP/s
   std::string linear_library;    // what the model's linear layers ran on (kernels/gemm.h gemm_library())
+  std::string allocator;         // the heap allocator (harness/parallel/allocator.h cpu_allocator())
   double ratio = 0;              // model_gflops / gemm_gflops; near 1 = GEMM-bound at full speed
   int64_t threads = 0;
 };

@@ -16,6 +16,7 @@
 #include "compression/act_codec.h"
 #include "compression/grad_reducer.h"
 #include "harness/records/checkpoint.h"
+#include "harness/parallel/allocator.h"
 #include "harness/train/data_loader.h"
 #include "harness/parallel/distributed.h"
 #include "harness/train/grad_sync.h"
@@ -375,9 +376,9 @@ void Trainer::log_start() const {
                stage_layers_text(cfg_));
   if (d_.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d_.env.source, rank_table(d_));
   spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}, fp32 "
-               "GEMMs: {}; results -> {}",
+               "GEMMs: {}, heap: {}; results -> {}",
                cfg_.train.train_steps, cfg_.train.global_batch_size, m_, cfg_.train.micro_batch_size,
-               at::get_num_threads(), gemm_library(), summary_.results_path);
+               at::get_num_threads(), gemm_library(), cpu_allocator(), summary_.results_path);
   spdlog::info("compression{}: dp={} (stages c = compressed: [{}]), embedding={}{}, pipeline fwd={} bwd={} ({}, lep {}), tp={}",
                comp.scheme.empty() ? "" : " (scheme " + comp.scheme + ")", to_yaml_value(comp.dp), sc_stages_,
                to_yaml_value(comp.embedding), comp.fused_embedding ? " fused (FE)" : "",
