@@ -111,8 +111,54 @@ struct GemmLinear : torch::autograd::Function<GemmLinear> {
   }
 };
 
-// out[i] = a[i]·b[i] for every matrix i of the leading dimensions (views, one GEMM each).
+#ifdef OPTCC_HAVE_DNNL
+// layout() of the last two dimensions of an N-D tensor.
+char layout_last2(const torch::Tensor& t, int64_t& ld) {
+  const int64_t r = t.size(-2), c = t.size(-1), sr = t.stride(-2), sc = t.stride(-1);
+  if (sc == 1 && sr >= std::max<int64_t>(1, c)) {
+    ld = sr;
+    return 'N';
+  }
+  if (sr == 1 && sc >= std::max<int64_t>(1, r)) {
+    ld = sc;
+    return 'T';
+  }
+  return 0;
+}
+
+// batched_mm straight on the data pointers, one dnnl_sgemm per matrix: no tensor per matrix (the
+// select() views cost more than the attention's small GEMMs). False (nothing written) when a
+// layout does not fit or oneDNN refused.
+bool dnnl_batched_mm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b) {
+  if (!gemm_uses_onednn() || !a.is_cpu() || !b.is_cpu() || !out.is_cpu()) return false;
+  int64_t lda = 0, ldb = 0, ldc = 0;
+  const char ta = layout_last2(a, lda), tb = layout_last2(b, ldb);
+  if (ta == 0 || tb == 0 || layout_last2(out, ldc) != 'N') return false;
+  const int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1), dims = a.dim() - 2;
+  int64_t count = 1;
+  for (int64_t d = 0; d < dims; ++d) count *= a.size(d);
+  const float* pa = a.data_ptr<float>();
+  const float* pb = b.data_ptr<float>();
+  float* pc = out.data_ptr<float>();
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t rest = i, oa = 0, ob = 0, oc = 0;
+    for (int64_t d = dims - 1; d >= 0; --d) {
+      const int64_t idx = rest % a.size(d);
+      rest /= a.size(d);
+      oa += idx * a.stride(d), ob += idx * b.stride(d), oc += idx * out.stride(d);
+    }
+    if (dnnl_sgemm(ta, tb, m, n, k, 1.0f, pa + oa, lda, pb + ob, ldb, 0.0f, pc + oc, ldc) != dnnl_success) return false;
+  }
+  return true;
+}
+#endif
+
+// out[i] = a[i]·b[i] for every matrix i of the leading dimensions (one GEMM each: on the data
+// pointers through oneDNN, else on select() views through mm_f32_out).
 void batched_mm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b) {
+#ifdef OPTCC_HAVE_DNNL
+  if (a.numel() > 0 && b.numel() > 0 && out.numel() > 0 && dnnl_batched_mm(out, a, b)) return;
+#endif
   const int64_t batch_dims = a.dim() - 2;
   int64_t n = 1;
   for (int64_t d = 0; d < batch_dims; ++d) n *= a.size(d);
