@@ -51,13 +51,15 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptOptions& o, int64_t la
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const int64_t s = x.size(0), b = x.size(1);
   // [s, b, 3h/t] -> [s, b, heads/t, 3, hd] -> q, k, v each [b, heads/t, s, hd]
-  auto qkv5 = qkv(x).view({s, b, local_heads_, 3, head_dim_}).permute({3, 1, 2, 0, 4});
-  auto q = qkv5[0] * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
-  auto scores = gemm_bmm(q, qkv5[1].transpose(-2, -1));  // [b, heads/t, s, s]
+  // unbind, not three selects: its backward stacks the three gradients into one tensor, where each
+  // select's would zero a full-size gradient and the three be added.
+  const auto qkv3 = qkv(x).view({s, b, local_heads_, 3, head_dim_}).permute({3, 1, 2, 0, 4}).unbind(0);
+  auto q = qkv3[0] * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
+  auto scores = gemm_bmm(q, qkv3[1].transpose(-2, -1));  // [b, heads/t, s, s]
   const auto& mask = s == causal_mask_.size(0) ? causal_mask_ : torch::ones({s, s}, torch::kBool).triu(1);
   scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
   auto probs = dropout_with(torch::softmax(scores, -1), dropout_, is_training(), rng_);
-  auto ctx = gemm_bmm(probs, qkv5[2]);                                          // [b, heads/t, s, hd]
+  auto ctx = gemm_bmm(probs, qkv3[2]);                                          // [b, heads/t, s, hd]
   ctx = ctx.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * head_dim_});  // [s, b, h/t]
   return proj(ctx);
 }
