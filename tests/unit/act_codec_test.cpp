@@ -260,6 +260,8 @@ TEST(TopKCodec, SelectsTheSameSetAsASortOnLargeAndAdversarialMessages) {
   auto p = codec->encode(x);
   EXPECT_TRUE(torch::equal(p.parts[1], sorted_top(x, k)));  // increasing index order
   EXPECT_TRUE(torch::equal(p.parts[0], x.index_select(0, p.parts[1])));
+  const auto odd = randn({n + 7}, 33);  // not a whole number of 16-lane vectors or 4,096-element chunks
+  EXPECT_TRUE(torch::equal(codec->encode(odd).parts[1], sorted_top(odd, k)));
   auto trap = randn({n}, 32) * 1e-3;  // the strided sample sees mostly outliers: too few candidates
   for (int64_t j = 0; j < 8192; ++j) trap[j * (n / 8192)] = 10.0f + static_cast<float>(j);
   p = codec->encode(trap);
