@@ -14,7 +14,7 @@ import re
 import statistics
 import sys
 
-NAME = re.compile(r"^(?P<kind>codec|reducer|gemm)/(?P<a>[^/]+)/(?P<b>[^/]+)/fig14/(?P<shape>\d+x\d+)"
+NAME = re.compile(r"^(?P<kind>codec|reducer|gemm)/(?P<a>[^/]+)(?:/(?P<b>[^/]+))?/fig14/(?P<shape>\d+x\d+)"
                   r"(?:/r(?P<r>\d+))?(?:/(?P<how>[a-z_0-9]+))?$")
 SHAPES = ["1024x1920", "1024x3072", "2048x12288"]
 
