@@ -19,7 +19,7 @@ Writes, into OUT (default paper/lep-study/):
                         the share of sends whose carried error came from an earlier iteration
   predictors.md         across every (variant, cell, seed) with a carried error: the Pearson
                         correlation of each diagnostic with the paired loss difference, over all
-                        points and within configurations (each one's mean removed)
+                        points, within cells and within configurations (each one's mean removed)
   verdict.md            which variant, if any, beats both lazy and off in every cell at every seed
   curves-<cell>.{png,pdf}  validation loss minus the baseline's (paired by seed, mean and range)
                         against step, one line per variant, at every CB rank of the cell
@@ -146,22 +146,32 @@ def _pearson(xs, ys):
     return float(np.corrcoef(xs, ys)[0, 1]) if len(xs) > 2 and not flat(xs) and not flat(ys) else float("nan")
 
 
+def _within(pts, key_of):
+    """Pearson r after removing each group's mean (groups by key_of(configuration)) from both."""
+    groups = {key_of(g) for _, _, g in pts}
+    mean = {k: (np.mean([x for x, _, h in pts if key_of(h) == k]), np.mean([y for _, y, h in pts if key_of(h) == k]))
+            for k in groups}
+    return _pearson([x - mean[key_of(g)][0] for x, _, g in pts], [y - mean[key_of(g)][1] for _, y, g in pts])
+
+
 def predictors_text(points):
     """Pearson r of each diagnostic with the paired loss difference, over all (configuration, seed)
-    points, and within configurations (each configuration's mean removed from both), which tells
-    a diagnostic that follows the seed-to-seed spread from one that only separates variants."""
-    lines = ["| diagnostic | Pearson r with the paired loss difference | within configurations | points | configurations |",
-             "|---|---|---|---|---|"]
+    points; within cells (each (cell, CB rank)'s mean removed from both), which compares the
+    variants of a cell without the cells' differences in scale; and within configurations (each
+    configuration's mean removed), which tells a diagnostic that follows the seed-to-seed spread
+    from one that only separates variants."""
+    lines = ["| diagnostic | Pearson r with the paired loss difference | within cells | within configurations | points | "
+             "configurations |", "|---|---|---|---|---|---|"]
     for key, label in DIAGNOSTICS:
         pts = [(p[key], y, g) for p, y, g in points if math.isfinite(p.get(key, float("nan")))]
         groups = sorted({g for _, _, g in pts})
         if len(pts) < 3:
-            lines.append(f"| {label} | – | – | {len(pts)} | {len(groups)} |")
+            lines.append(f"| {label} | – | – | – | {len(pts)} | {len(groups)} |")
             continue
-        mean = {g: (np.mean([x for x, _, h in pts if h == g]), np.mean([y for _, y, h in pts if h == g])) for g in groups}
         r = _pearson([x for x, _, _ in pts], [y for _, y, _ in pts])
-        within = _pearson([x - mean[g][0] for x, _, g in pts], [y - mean[g][1] for _, y, g in pts])
-        lines.append(f"| {label} | {r:+.3f} | {within:+.3f} | {len(pts)} | {len(groups)} |")
+        in_cells = _within(pts, lambda g: (g[1], g[2]))
+        in_configs = _within(pts, lambda g: g)
+        lines.append(f"| {label} | {r:+.3f} | {in_cells:+.3f} | {in_configs:+.3f} | {len(pts)} | {len(groups)} |")
     return "\n".join(lines) + "\n"
 
 
