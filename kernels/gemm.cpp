@@ -127,8 +127,8 @@ char layout_last2(const torch::Tensor& t, int64_t& ld) {
 }
 
 // batched_mm straight on the data pointers, one dnnl_sgemm per matrix: no tensor per matrix (the
-// select() views cost more than the attention's small GEMMs). False (nothing written) when a
-// layout does not fit or oneDNN refused.
+// select() views cost more than the attention's small GEMMs). False when a layout does not fit
+// (nothing written) or oneDNN refused a matrix (earlier ones written; the caller recomputes all).
 bool dnnl_batched_mm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b) {
   if (!gemm_uses_onednn() || !a.is_cpu() || !b.is_cpu() || !out.is_cpu()) return false;
   int64_t lda = 0, ldb = 0, ldc = 0;

@@ -78,7 +78,7 @@ Kind classify(const torch::Tensor& out, const torch::Tensor& a, const torch::Ten
   g.m = m, g.n = n, g.k = k;
   g.c = out.data_ptr<float>(), g.ldc = std::max<int64_t>(out.stride(0), n);
   g.b = b.data_ptr<float>(), g.a = a.data_ptr<float>();
-  if (n <= max_thin(i) && beta == 0.0f && unit_cols(b)) {
+  if (n <= max_thin(i) && beta == 0.0f && unit_cols(b) && (k == 1 || b.stride(0) >= n)) {  // B's rows apart
     g.ldb = std::max<int64_t>(b.stride(0), n);
     if (unit_cols(a) && (m == 1 || a.stride(0) >= k)) {
       g.lda = std::max<int64_t>(a.stride(0), k);

@@ -5,16 +5,17 @@
 //   back-project  Q = Mᵀ·P̂      the same M (read by rows, never transposed)    -> Q [cols, r]
 //   expand        M̂ = P̂·Qᵀ      P̂ [rows, r], Q [cols, r]                       -> M̂ [rows, cols]
 //
-// A general GEMM (gemm.h: oneDNN or OpenBLAS) runs these at 30-70 GFLOP/s on one core of this
-// project's CPUs, a third to a half of its peak, because the reduction over r = 16 is too short
+// A general GEMM (gemm.h: oneDNN or OpenBLAS) runs these at 40-80 GFLOP/s on one core of this
+// project's CPUs, 40-75% of its ~105 GFLOP/s sgemm, because the reduction over r = 16 is too short
 // for its packing and the output of expand is written through the cache (a fresh M̂ of 100 MB costs
 // a read of every line before it is written). These kernels keep a tile of the thin operand in
 // registers, stream M once per pass, and write a large M̂ with non-temporal stores.
 //
 // Which ISA runs is chosen once per process from the CPU: AVX-512F, else AVX2+FMA, else none
 // (then every call is mm_f32_out). OPTCC_THIN_GEMM=avx2 or none in the environment caps it (to
-// test or time the lower paths; avx512 is the default cap); another value makes the first call
-// throw std::invalid_argument naming the variable. Results are within fp32 round-off of
+// test or time the lower paths; avx512 is the default cap); another value makes every call of
+// this header's functions (so the first lowrank or PowerSGD compression) throw
+// std::invalid_argument naming the variable. Results are within fp32 round-off of
 // mm_f32_out (blocked fp32 sums with fused multiply-adds: thin_gemm_sum_block) and do not depend
 // on the number of threads.
 #pragma once
@@ -45,7 +46,10 @@ std::string thin_gemm_path(const torch::Tensor& out, const torch::Tensor& a, con
 ///   back-project  a = x.t() for an x [k, m] with unit column stride, b as above, n ≤ the limit,
 ///                 beta = 0;
 ///   expand        a [m, k] with unit column stride, b = y.t() for a y [n, k] with unit column
-///                 stride, k ≤ 64; any alpha, beta. Streaming (non-temporal) stores when beta = 0,
+///                 stride, k ≤ 64; any alpha, beta.
+/// In every case each operand's rows must lie at least a row apart (row stride ≥ row length, as
+/// a contiguous tensor or a narrowed view has; an expand()ed or overlapping view goes to
+/// mm_f32_out, which copies it). Streaming (non-temporal) stores when beta = 0,
 ///                 out is 64-byte aligned with a row stride of a multiple of 16 floats, and out
 ///                 is at least kThinStreamBytes;
 /// and out row-major with unit column stride; otherwise mm_f32_out. Runs on the calling thread and

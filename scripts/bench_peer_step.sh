@@ -18,15 +18,25 @@ nanogpt=$(cd "$1" && pwd)
 shift
 configs=("$@")
 [[ ${#configs[@]} -gt 0 ]] || configs=(experiments/bench-mini.yaml experiments/bench-small.yaml)
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"  # build/optcc and experiments/ are relative to the repository root
 OPTCC=${OPTCC:-build/optcc}
 PYTHON=${PYTHON:-/usr/bin/python3}
-root=$(cd "$(dirname "$0")/.." && pwd)
 peer=$root/../shared/peers/gpt_step_nanogpt.py
+[[ -x $OPTCC ]] || { echo "$0: no optcc at $OPTCC. Fix: make build (or set OPTCC)" >&2; exit 2; }
+for c in "${configs[@]}"; do
+  [[ -f $c ]] || { echo "$0: no config $c (paths are relative to $root)" >&2; exit 2; }
+done
 "$PYTHON" -c "import torch" 2>/dev/null || { echo "$0: $PYTHON has no torch. Fix: apt-get install python3-torch" >&2; exit 2; }
+if [[ -f $peer ]]; then
+  echo "peer: $peer (the shared peer script), nanoGPT model from $nanogpt"
+else
+  echo "peer: the inline nanoGPT step below (median of 10 after 3 warm-ups), model from $nanogpt"
+fi
 
 # L H HEADS SEQ VOCAB BATCH of a config, from `optcc config show` (the resolved config).
 shape_of() {
-  "$OPTCC" config show --config "$1" 2>/dev/null | "$PYTHON" -c '
+  "$OPTCC" config show --config "$1" | "$PYTHON" -c '
 import sys, yaml
 c = yaml.safe_load(sys.stdin)
 m, t = c["model"], c["train"]

@@ -10,6 +10,12 @@
 # memory bandwidth and caches are shared). Builds nothing: needs build/optcc and
 # build/tests/bench/bench_compression (make build). Environment: OPTCC, PYTHON, BENCH_REPS.
 set -euo pipefail
+if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
+if [[ $# -ge 1 && ! -f ${1}/model.py ]]; then
+  echo "$0: $1/model.py not found (NANOGPT_DIR holds nanoGPT's model.py, from a checkout you fetched)" >&2
+  exit 2
+fi
+[[ $# -ge 1 ]] && set -- "$(cd "$1" && pwd)"
 cd "$(dirname "$0")/.."
 OPTCC=${OPTCC:-build/optcc}
 PYTHON=${PYTHON:-/usr/bin/python3}

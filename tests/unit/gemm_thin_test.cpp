@@ -85,6 +85,7 @@ void expect_exact(const torch::Tensor& a, const torch::Tensor& b, const std::str
 }
 
 TEST(ThinGemm, KernelsRunOnThisCpu) {
+  if (const char* c = std::getenv("OPTCC_THIN_GEMM"); c != nullptr && std::string(c) == "bogus") GTEST_SKIP();
   // Every x86-64 CPU this project's results come from has AVX2 (the CI and lab machines: AVX-512).
   // ctest also runs these tests under OPTCC_THIN_GEMM=avx2 (test_gemm_thin_avx2), to cover that path.
   const char* cap = std::getenv("OPTCC_THIN_GEMM");
@@ -101,6 +102,20 @@ TEST(ThinGemm, KernelsRunOnThisCpu) {
   EXPECT_EQ(thin_gemm_path(mout, p, q.t(), 1.0f), "expand");
 }
 
+// ctest runs this one under OPTCC_THIN_GEMM=bogus (test_gemm_thin_bad_cap); elsewhere it skips.
+TEST(ThinGemm, MalformedCapNamesTheVariable) {
+  const char* cap = std::getenv("OPTCC_THIN_GEMM");
+  if (cap == nullptr || std::string(cap) != "bogus") GTEST_SKIP() << "runs under OPTCC_THIN_GEMM=bogus";
+  auto out = torch::empty({4, 16});
+  try {
+    thin_mm_f32_out(out, torch::randn({4, 10}), torch::randn({10, 16}));
+    FAIL() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("OPTCC_THIN_GEMM='bogus'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(thin_gemm_isa(), std::invalid_argument);  // every call, not only the first
+}
+
 TEST(ThinGemm, ProjectIsTheAscendingFmaSumAtEveryWidth) {
   if (!have_kernels()) GTEST_SKIP();
   torch::manual_seed(11);
@@ -115,6 +130,8 @@ TEST(ThinGemm, ProjectIsTheAscendingFmaSumAtEveryWidth) {
                "project", 0.5f);
   // more rows of B than one cache block holds (256 KiB of B: 4,096 rows at r = 16)
   expect_exact(torch::randn({9, 9000}), torch::randn({9000, 16}), "project");
+  // enough rows for at::parallel_for to give each of 2 threads a share (grain 217 rows at k = 301)
+  expect_exact(torch::randn({600, 301}), torch::randn({301, 16}), "project");
 }
 
 TEST(ThinGemm, BackProjectIsTheAscendingFmaSumAtEveryWidth) {
@@ -158,10 +175,23 @@ TEST(ThinGemm, LargeExpandStreamsAndStaysExact) {
   expect_exact(p, q.t(), "expand (streaming stores)");
   // one row short of it: normal stores
   expect_exact(p.index({Slice(0, 1023)}), q.t(), "expand");
+  // streaming with a partial last tile: 8,208 columns (a multiple of 16, not of the 64-column tile)
+  expect_exact(p, torch::randn({8208, 16}).t(), "expand (streaming stores)");
 }
 
 TEST(ThinGemm, OtherOperandsFallBackToTheGemm) {
   torch::manual_seed(15);
+  // rows of B that overlap (a broadcast view, row stride 0): mm_f32_out's copy, the same values
+  const auto row = torch::randn({1, 16});
+  const auto broadcast = row.expand({300, 16});
+  const auto m300 = torch::randn({40, 300}), x300 = torch::randn({300, 40});
+  auto p40 = torch::empty({40, 16}), q40 = torch::empty({40, 16});
+  EXPECT_EQ(thin_gemm_path(p40, m300, broadcast), "gemm");
+  EXPECT_EQ(thin_gemm_path(q40, x300.t(), broadcast), "gemm");
+  thin_mm_f32_out(p40, m300, broadcast);
+  thin_mm_f32_out(q40, x300.t(), broadcast);
+  EXPECT_LT((p40 - torch::mm(m300, broadcast.contiguous())).abs().max().item<float>(), 1e-3);
+  EXPECT_LT((q40 - torch::mm(x300.t(), broadcast.contiguous())).abs().max().item<float>(), 1e-3);
   const auto a = torch::randn({40, 30}), thin = torch::randn({30, 16});
   auto o16 = torch::empty({40, 16});
   EXPECT_EQ(thin_gemm_path(o16, a, thin, 1.0f), "gemm");  // project needs beta = 0
