@@ -16,7 +16,9 @@ Writes, into OUT (default paper/lep-study/):
   diagnostics.{md,tex}  per variant and cell, means over every compressed send of the run's last
                         half (steps > train_steps / 2) and over seeds: ‖e‖/‖slice‖,
                         ‖carried‖/‖slice‖, cos(carried, slice), |cos(carried, X_src − X_now)|,
-                        the share of sends whose carried error came from an earlier iteration
+                        the share of sends whose carried error came from an earlier iteration;
+                        and ‖e‖/‖slice‖, ‖carried‖/‖slice‖ over the last stage's sends alone (the
+                        loss gradient's first hop; the other boundaries' errors are smaller)
   predictors.md         across every (variant, cell, seed) with a carried error: the Pearson
                         correlation of each diagnostic with the paired loss difference, over all
                         points, within cells and within configurations (each one's mean removed)
@@ -44,7 +46,8 @@ VARIANTS = ["lazy", "off", "per_microbatch", "lazy_iteration", "lazy_decay"]
 NAME = re.compile(r"^(?P<variant>[a-z_]+)-r(?P<rank>\d+)$")
 DIAGNOSTICS = [("relative_error", "‖e‖/‖slice‖"), ("carried_ratio", "‖carried‖/‖slice‖"),
                ("cos_carried_slice", "cos(carried, slice)"), ("abs_cos_carried_delta", "abs cos(carried, ΔX)"),
-               ("cross_iteration", "carried from an earlier iteration")]
+               ("cross_iteration", "carried from an earlier iteration"),
+               ("last_relative_error", "last stage: ‖e‖/‖slice‖"), ("last_carried_ratio", "last stage: ‖carried‖/‖slice‖")]
 
 
 def nanmean(values):
@@ -65,13 +68,20 @@ def run_diagnostics(run):
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = t["carried_norm"] / t["slice_norm"]
     out = {"relative_error": nanmean(t["relative_error"]), "sends": int(len(t["step"]))}
+    # The last pipeline stage's sends (the loss gradient's first hop): stage = rank // (TP·DP), the
+    # rank order of harness/parallel/layout.h.
+    per_stage = int(run.cfg("parallel", "tp", 1)) * int(run.cfg("parallel", "dp", 1))
+    stage = np.asarray(t["rank"]) // max(1, per_stage)
+    last = stage == stage.max()
+    out["last_relative_error"] = nanmean(t["relative_error"][last])
     if carried.any():
         out["carried_ratio"] = nanmean(ratio[carried])
         out["cos_carried_slice"] = nanmean(t["cos_carried_slice"][carried])
         out["abs_cos_carried_delta"] = nanmean(np.abs(t["cos_carried_delta"][carried]))
         out["cross_iteration"] = float(np.mean(t["carried_age"][carried] > 0))
+        out["last_carried_ratio"] = nanmean(ratio[carried & last]) if (carried & last).any() else float("nan")
     else:
-        for k in ("carried_ratio", "cos_carried_slice", "abs_cos_carried_delta", "cross_iteration"):
+        for k in ("carried_ratio", "cos_carried_slice", "abs_cos_carried_delta", "cross_iteration", "last_carried_ratio"):
             out[k] = float("nan")
     return out
 

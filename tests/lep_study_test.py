@@ -115,7 +115,8 @@ class LepStudyTest(unittest.TestCase):
         lazy = self.row("diagnostics.md", "lazy")
         self.assertEqual(lazy[1], "cell r16")
         self.assertEqual([float(x) for x in lazy[2:7]], [0.9, 0.25, 0.1, 0.02, 0.5])  # carried from mb 0: half
-        self.assertEqual(lazy[7], str(3 * 5 * 2))  # seeds x steps in the second half x sends
+        self.assertEqual([float(x) for x in lazy[7:9]], [0.9, 0.25])  # every send is the last stage's (PP2)
+        self.assertEqual(lazy[9], str(3 * 5 * 2))  # seeds x steps in the second half x sends
         off = self.row("diagnostics.md", "off")
         self.assertEqual(float(off[2]), 0.6)
         self.assertEqual(off[3], "nan")
