@@ -105,8 +105,16 @@ Kind classify(const torch::Tensor& out, const torch::Tensor& a, const torch::Ten
 // (back-project) each, so a thread's share is worth its start.
 int64_t grain(int64_t per_row) { return std::max<int64_t>(16, (int64_t(1) << 16) / std::max<int64_t>(1, per_row)); }
 
-void run(Kind kind, const d::Args& g) {
+// The kernels a product of thin width n runs on: the process's ISA, except AVX2's 8-lane kernels
+// for project and back-project of n ≤ 8 on an AVX-512 CPU (a 16-lane vector would be half empty).
+Isa kernel_isa(Kind kind, int64_t n) {
   const Isa i = isa();
+  if (i == Isa::kAvx512 && (kind == Kind::kProject || kind == Kind::kBackProject) && n <= 8) return Isa::kAvx2;
+  return i;
+}
+
+void run(Kind kind, const d::Args& g) {
+  const Isa i = kernel_isa(kind, g.n);
   switch (kind) {
     case Kind::kProject:
       at::parallel_for(0, g.m, grain(g.k), [&](int64_t i0, int64_t i1) {
@@ -164,7 +172,10 @@ int64_t thin_gemm_sum_block(const std::string& path, int64_t thin) {
   const Isa i = isa();
   if (i == Isa::kNone || path == "gemm") return 0;
   if (path == "project") return d::kSumBlock;
-  if (path == "back-project") return i == Isa::kAvx512 ? d::avx512::back_project_block(thin) : d::avx2::back_project_block(thin);
+  if (path == "back-project") {
+    return kernel_isa(Kind::kBackProject, thin) == Isa::kAvx512 ? d::avx512::back_project_block(thin)
+                                                                : d::avx2::back_project_block(thin);
+  }
   if (path == "expand" || path == "expand (streaming stores)") return std::max<int64_t>(thin, 1);
   throw std::invalid_argument("thin_gemm_sum_block: unknown path '" + path + "'");
 }
@@ -176,6 +187,23 @@ void thin_mm_f32_out(torch::Tensor& out, const torch::Tensor& a, const torch::Te
   if (kind == Kind::kGemm) return mm_f32_out(out, a, b, alpha, beta);
   g.alpha = alpha;
   torch::NoGradGuard no_grad;
+  const int64_t lanes = kernel_isa(kind, g.n) == Isa::kAvx512 ? 16 : 8;
+  if (kind == Kind::kBackProject && g.n % lanes != 0) {
+    // A thin width that is no whole number of vectors (r = 8 or 24 with AVX-512): Q's rows are
+    // closer together than a vector, and masked loads and stores of neighbouring rows, which share
+    // vectors' bytes, stall each other (measured: r = 8 three times slower than r = 16). So B and C
+    // are padded with zero columns to whole vectors and C's real columns copied out after: the
+    // same operations on every real lane, so the same bits.
+    const int64_t padded = (g.n + lanes - 1) / lanes * lanes;
+    auto bp = torch::zeros({g.k, padded}, out.options());
+    bp.narrow(1, 0, g.n).copy_(torch::from_blob(const_cast<float*>(g.b), {g.k, g.n}, {g.ldb, 1}, out.options()));
+    auto cp = torch::empty({g.m, padded}, out.options());
+    d::Args gp = g;
+    gp.b = bp.data_ptr<float>(), gp.ldb = padded, gp.c = cp.data_ptr<float>(), gp.ldc = padded, gp.n = padded;
+    run(kind, gp);
+    out.copy_(cp.narrow(1, 0, g.n));
+    return;
+  }
   run(kind, g);
 }
 

@@ -11,7 +11,8 @@
 // a read of every line before it is written). These kernels keep a tile of the thin operand in
 // registers, stream M once per pass, and write a large M̂ with non-temporal stores.
 //
-// Which ISA runs is chosen once per process from the CPU: AVX-512F, else AVX2+FMA, else none
+// Which ISA runs is chosen once per process from the CPU: AVX-512F (with AVX2's 8-lane kernels for
+// a project or back-project of r ≤ 8, which would half fill a 16-lane vector), else AVX2+FMA, else none
 // (then every call is mm_f32_out). OPTCC_THIN_GEMM=avx2 or none in the environment caps it (to
 // test or time the lower paths; avx512 is the default cap); another value makes every call of
 // this header's functions (so the first lowrank or PowerSGD compression) throw
