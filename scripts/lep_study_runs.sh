@@ -13,7 +13,7 @@
 # paired comparison against its baseline. Then: scripts/lep_study.py --results results/reference
 # (paper/lep-study/). Environment: OPTCC (default build/optcc), PYTHON (default /usr/bin/python3),
 # PAUSE_FILE (while this file exists, wait before starting the next run: timing measurements
-# beside it). Run times on 2 cores: pp2-m8 5-9 min, pp4-m16 10-14 min, pp4-m16-small ~45 min.
+# beside it). Run times on 2 cores: pp2-m8 5-8 min, pp4-m16 8-16 min, pp4-m16-small ~45 min.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cell=${1:?usage: scripts/lep_study_runs.sh CELL [CONFIG_REGEX [SEED ...]]}
