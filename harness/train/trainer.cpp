@@ -379,11 +379,15 @@ void Trainer::log_start() const {
                "GEMMs: {}, heap: {}; results -> {}",
                cfg_.train.train_steps, cfg_.train.global_batch_size, m_, cfg_.train.micro_batch_size,
                at::get_num_threads(), gemm_library(), cpu_allocator(), summary_.results_path);
-  spdlog::info("compression{}: dp={} (stages c = compressed: [{}]), embedding={}{}, pipeline fwd={} bwd={} ({}, lep {}), tp={}",
+  // The backward phases and the LEP variant only act on compressed backward sends: name them then.
+  const std::string lep = comp.lep == "lazy_decay" ? fmt::format("lazy_decay {}", comp.lep_decay) : comp.lep;
+  const std::string bwd_how =
+      comp.pipeline_backward.name == "none" ? "" : fmt::format(" ({}, lep {})", comp.backward_phases, lep);
+  spdlog::info("compression{}: dp={} (stages c = compressed: [{}]), embedding={}{}, pipeline fwd={} bwd={}{}, tp={}",
                comp.scheme.empty() ? "" : " (scheme " + comp.scheme + ")", to_yaml_value(comp.dp), sc_stages_,
                to_yaml_value(comp.embedding), comp.fused_embedding ? " fused (FE)" : "",
-               to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases,
-               comp.lep, to_yaml_value(comp.tp));
+               to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), bwd_how,
+               to_yaml_value(comp.tp));
   log_network(cfg_.network, d_.layout);
 }
 
