@@ -190,7 +190,9 @@ def verdict_text(cells, paired):
     lines = []
     winners = []
     totals = []
-    runs = [f"{c.name} r{r}" for c in cells for r in c.ranks]
+    # The (cell, CB rank) pairs where a new variant was run: tier 2's ranks hold lazy and off alone.
+    runs = [f"{c.name} r{r}" for c in cells for r in c.ranks
+            if any((v, r) in c.by_key for v in VARIANTS if v not in ("lazy", "off"))]
     for v in VARIANTS:
         if v in ("lazy", "off"):
             continue
@@ -212,7 +214,7 @@ def verdict_text(cells, paired):
             winners.append(v)
     if not any(t for t in totals):
         return "No comparison yet: no new variant has a run paired with lazy and off at the same seed.\n"
-    where = f"the {len(runs)} (cell, CB rank) pairs run so far ({', '.join(runs)})"
+    where = f"the {len(runs)} (cell, CB rank) pairs where the variants ran ({', '.join(runs)})"
     head = (f"Recommended: {', '.join(winners)} (beats lazy and off at every seed in {where})."
             if winners else f"No variant beats both lazy and off at every seed in {where}.")
     return head + "\n\n" + "\n".join(lines) + "\n"
@@ -234,8 +236,16 @@ def curves_figure(cell):
         ax.set_title(f"{cell.name}, CB rank {r}")
         ax.set_xlabel("step")
     axes[0][0].set_ylabel("valid loss − baseline (nats, paired)")
-    axes[0][-1].legend()
-    fig.tight_layout()
+    # One legend for the figure: a panel may hold only some variants (tier 2 runs lazy and off alone).
+    drawn = {}
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            drawn.setdefault(lab, h)
+    if drawn:
+        ncol = len(drawn) if len(axes[0]) > 1 else min(len(drawn), 3)  # a single panel: two rows
+        fig.legend(list(drawn.values()), list(drawn.keys()), loc="upper center", ncol=ncol,
+                   bbox_to_anchor=(0.5, 1.0), frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9 if len(axes[0]) > 1 else 0.84))
     return fig
 
 

@@ -6,8 +6,9 @@
 #     2  CB ranks 8 and 64, lazy and off, PP2 m8 (12 runs: does the order hold as the error grows
 #        and shrinks)
 #     3  the `small` cell (h 512, PP4 m16, rank 16): the baseline and tier 1's best and worst
-#        variant, BEST and WORST in the environment (default lazy_decay and per_microbatch, tier 1's
-#        at seed 1 in both cells; 9 runs, ~45 min each)
+#        variant, BEST and WORST in the environment (default off and per_microbatch: tier 1's
+#        lowest and highest mean paired loss over both cells' 6 seeds, lazy_decay 0.002 nats
+#        behind off; 9 runs, ~45 min each)
 #     SEED ...  default 1 2 3
 # Each run goes through scripts/lep_study_runs.sh (into results/reference/lep-study-<cell>/,
 # compacted; finished runs are skipped, a stopped one resumes from its checkpoint), so the command
@@ -23,7 +24,7 @@ seeds=("$@")
 case $tier in
   1) cells=("pp2-m8 ^baseline\$|-r16\$" "pp4-m16 ^baseline\$|-r16\$") ;;
   2) cells=("pp2-m8 ^(lazy|off)-r(8|64)\$") ;;
-  3) cells=("pp4-m16-small ^(baseline|${BEST:-lazy_decay}-r16|${WORST:-per_microbatch}-r16)\$") ;;
+  3) cells=("pp4-m16-small ^(baseline|${BEST:-off}-r16|${WORST:-per_microbatch}-r16)\$") ;;
   *) echo "error: TIER must be 1, 2 or 3, got '$tier'" >&2; exit 2 ;;
 esac
 failed=0

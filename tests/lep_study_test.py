@@ -33,19 +33,19 @@ TABLES = {
 INTS = {"step", "rank", "microbatch", "ppl_capped", "carried_age"}
 
 
-def config(variant, seed, run):
+def config(variant, seed, run, rank=16):
     comp = {"scheme": "baseline", "pipeline_backward": "none", "backward_phases": "all", "lep": "lazy"}
     if variant != "baseline":
-        comp.update(scheme="cb", pipeline_backward={"name": "lowrank", "rank": 16}, lep=variant)
+        comp.update(scheme="cb", pipeline_backward={"name": "lowrank", "rank": rank}, lep=variant)
     return {"model": {"preset": "tiny"}, "parallel": {"tp": 1, "pp": 2, "dp": 1},
             "train": {"train_steps": STEPS, "seed": seed}, "compression": comp,
             "log": {"dir": "results/lep-study-cell", "run_name": run}, "checkpoint": {"dir": f"ckpt/{run}"}}
 
 
-def write_run(path, variant, seed, final):
+def write_run(path, variant, seed, final, rank=16):
     run = os.path.basename(path)[:-3]
     with h5py.File(path, "w", libver="latest") as f:
-        f.attrs["config"] = yaml.safe_dump(config(variant, seed, run), sort_keys=False)
+        f.attrs["config"] = yaml.safe_dump(config(variant, seed, run, rank), sort_keys=False)
         f.attrs["start_time"] = "2026-01-01T00:00:00Z"
         f.attrs["resumed_from_step"] = "0"
         rows = {k: [] for k in TABLES}
@@ -69,6 +69,12 @@ def write_run(path, variant, seed, final):
                                  maxshape=(None,), chunks=(1024,))
 
 
+def run_study(root):
+    return subprocess.run([sys.executable, os.path.join(SOURCE, "scripts", "lep_study.py"), "--results",
+                           os.path.join(root, "results"), "--out", os.path.join(root, "out")],
+                          capture_output=True, text=True)
+
+
 class LepStudyTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -81,8 +87,7 @@ class LepStudyTest(unittest.TestCase):
             for v, shifts in SHIFT.items():
                 write_run(os.path.join(cell, f"{v}-r16-seed{seed}.h5"), v, seed, BASE[seed] + shifts[seed - 1])
         cls.out = os.path.join(root, "out")
-        cls.proc = subprocess.run([sys.executable, os.path.join(SOURCE, "scripts", "lep_study.py"), "--results",
-                                   os.path.join(root, "results"), "--out", cls.out], capture_output=True, text=True)
+        cls.proc = run_study(root)
 
     @classmethod
     def tearDownClass(cls):
@@ -125,7 +130,7 @@ class LepStudyTest(unittest.TestCase):
         text = self.read("verdict.md")
         self.assertTrue(text.startswith("Recommended: lazy_iteration"), text)
         self.assertIn("lazy_iteration: lower final loss than lazy at 3 of 3 paired seeds, than off at 3 of 3", text)
-        self.assertIn("every seed in the 1 (cell, CB rank) pairs run so far (cell r16)", text)
+        self.assertIn("every seed in the 1 (cell, CB rank) pairs where the variants ran (cell r16)", text)
 
     def test_predictor_of_the_relative_error(self):
         # relative error per (variant, seed) against the paired difference, over all 9 points
@@ -135,6 +140,35 @@ class LepStudyTest(unittest.TestCase):
         # within cells: the fixture has one cell, so its mean removed leaves r as it is; within
         # configurations: the fixture's relative error is one value per variant, so no r
         self.assertIn(f"| ‖e‖/‖slice‖ | {r:+.3f} | {r:+.3f} | +nan | 9 | 3 |", self.read("predictors.md"))
+
+
+class RanksWithoutTheVariantsTest(unittest.TestCase):
+    """A tier-2 layout: lazy and off at ranks 16 and 64, lazy_iteration at rank 16 alone. The verdict
+    names the (cell, rank) pairs where lazy_iteration ran, not rank 64, and the table leaves its rank-64
+    cell empty."""
+
+    def test_verdict_and_table(self):
+        with tempfile.TemporaryDirectory() as root:
+            cell = os.path.join(root, "results", "lep-study-cell")
+            os.makedirs(cell)
+            for seed in (1, 2, 3):
+                write_run(os.path.join(cell, f"baseline-seed{seed}.h5"), "baseline", seed, BASE[seed])
+                for v, shifts in SHIFT.items():
+                    write_run(os.path.join(cell, f"{v}-r16-seed{seed}.h5"), v, seed, BASE[seed] + shifts[seed - 1])
+                for v in ("lazy", "off"):
+                    write_run(os.path.join(cell, f"{v}-r64-seed{seed}.h5"), v, seed, BASE[seed] + 0.01 * seed, rank=64)
+            proc = run_study(root)
+            self.assertEqual(proc.returncode, 0, proc.stderr + proc.stdout)
+            with open(os.path.join(root, "out", "verdict.md")) as f:
+                text = f.read()
+            self.assertIn("every seed in the 1 (cell, CB rank) pairs where the variants ran (cell r16)", text)
+            self.assertIn("lazy_iteration: lower final loss than lazy at 3 of 3 paired seeds, than off at 3 of 3", text)
+            with open(os.path.join(root, "out", "table.md")) as f:
+                rows = {c[0]: c for c in ([x.strip() for x in line.strip("|").split("|")]
+                                          for line in map(str.strip, f) if line.startswith("|"))}
+            self.assertEqual(rows["variant"][1:], ["cell r16", "cell r64"])
+            self.assertEqual(rows["lazy_iteration"][2], "–")
+            self.assertEqual(rows["off"][2], "+0.020 ± 0.010 (+0.010, +0.020, +0.030)")
 
 
 if __name__ == "__main__":
