@@ -69,6 +69,17 @@ def write_run(path, variant, seed, final, rank=16):
                                  maxshape=(None,), chunks=(1024,))
 
 
+def write_rank16_cell(root):
+    """The fixture's cell: baseline and SHIFT's variants at rank 16, seeds 1-3. Returns its folder."""
+    cell = os.path.join(root, "results", "lep-study-cell")
+    os.makedirs(cell)
+    for seed in (1, 2, 3):
+        write_run(os.path.join(cell, f"baseline-seed{seed}.h5"), "baseline", seed, BASE[seed])
+        for v, shifts in SHIFT.items():
+            write_run(os.path.join(cell, f"{v}-r16-seed{seed}.h5"), v, seed, BASE[seed] + shifts[seed - 1])
+    return cell
+
+
 def run_study(root):
     return subprocess.run([sys.executable, os.path.join(SOURCE, "scripts", "lep_study.py"), "--results",
                            os.path.join(root, "results"), "--out", os.path.join(root, "out")],
@@ -80,12 +91,7 @@ class LepStudyTest(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         root = cls.tmp.name
-        cell = os.path.join(root, "results", "lep-study-cell")
-        os.makedirs(cell)
-        for seed in (1, 2, 3):
-            write_run(os.path.join(cell, f"baseline-seed{seed}.h5"), "baseline", seed, BASE[seed])
-            for v, shifts in SHIFT.items():
-                write_run(os.path.join(cell, f"{v}-r16-seed{seed}.h5"), v, seed, BASE[seed] + shifts[seed - 1])
+        write_rank16_cell(root)
         cls.out = os.path.join(root, "out")
         cls.proc = run_study(root)
 
@@ -149,12 +155,8 @@ class RanksWithoutTheVariantsTest(unittest.TestCase):
 
     def test_verdict_and_table(self):
         with tempfile.TemporaryDirectory() as root:
-            cell = os.path.join(root, "results", "lep-study-cell")
-            os.makedirs(cell)
+            cell = write_rank16_cell(root)
             for seed in (1, 2, 3):
-                write_run(os.path.join(cell, f"baseline-seed{seed}.h5"), "baseline", seed, BASE[seed])
-                for v, shifts in SHIFT.items():
-                    write_run(os.path.join(cell, f"{v}-r16-seed{seed}.h5"), v, seed, BASE[seed] + shifts[seed - 1])
                 for v in ("lazy", "off"):
                     write_run(os.path.join(cell, f"{v}-r64-seed{seed}.h5"), v, seed, BASE[seed] + 0.01 * seed, rank=64)
             proc = run_study(root)
