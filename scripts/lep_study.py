@@ -74,15 +74,15 @@ def run_diagnostics(run):
     stage = np.asarray(t["rank"]) // max(1, per_stage)
     last = stage == stage.max()
     out["last_relative_error"] = nanmean(t["relative_error"][last])
+    # Sends that carried no error (`off`, or none in the window) leave the carried diagnostics NaN.
+    out.update({k: float("nan") for k, _ in DIAGNOSTICS if k not in out})
     if carried.any():
         out["carried_ratio"] = nanmean(ratio[carried])
         out["cos_carried_slice"] = nanmean(t["cos_carried_slice"][carried])
         out["abs_cos_carried_delta"] = nanmean(np.abs(t["cos_carried_delta"][carried]))
         out["cross_iteration"] = float(np.mean(t["carried_age"][carried] > 0))
-        out["last_carried_ratio"] = nanmean(ratio[carried & last]) if (carried & last).any() else float("nan")
-    else:
-        for k in ("carried_ratio", "cos_carried_slice", "abs_cos_carried_delta", "cross_iteration", "last_carried_ratio"):
-            out[k] = float("nan")
+        if (carried & last).any():
+            out["last_carried_ratio"] = nanmean(ratio[carried & last])
     return out
 
 
