@@ -7,17 +7,24 @@
 #        and shrinks)
 #     3  the `small` cell (h 512, PP4 m16, rank 16): the baseline and tier 1's best and worst
 #        variant, BEST and WORST in the environment (default off and per_microbatch: tier 1's
-#        lowest and highest mean paired loss over both cells' 6 seeds, lazy_decay 0.002 nats
-#        behind off; 9 runs, ~45 min each)
+#        lowest and highest mean paired loss over both cells' 6 seeds, lazy_decay 0.003 nats
+#        behind off; 9 runs, 42-48 min each here)
 #     SEED ...  default 1 2 3
 # Each run goes through scripts/lep_study_runs.sh (into results/reference/lep-study-<cell>/,
 # compacted; finished runs are skipped, a stopped one resumes from its checkpoint), so the command
 # can be repeated until the tier is done. Then `make figures` (or scripts/lep_study.py
 # --results results/reference) writes paper/lep-study/. Environment as lep_study_runs.sh (OPTCC,
 # PYTHON, PAUSE_FILE).
+# Needs a built optcc (OPTCC, default build/optcc) even when every run is done: the run names
+# come from `optcc sweep`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-tier=${1:?usage: scripts/lep_study_tier.sh TIER [SEED ...]  (TIER 1, 2 or 3)}
+usage() { sed -n '2,/^set -uo/{/^set -uo/d;s/^# \{0,1\}//;p}' "$0"; }
+case ${1:-} in
+  -h|--help) usage; exit 0 ;;
+  "") echo "usage: scripts/lep_study_tier.sh TIER [SEED ...]  (TIER 1, 2 or 3; --help for more)" >&2; exit 2 ;;
+esac
+tier=$1
 shift
 seeds=("$@")
 [ ${#seeds[@]} -eq 0 ] && seeds=(1 2 3)

@@ -148,6 +148,30 @@ class LepStudyTest(unittest.TestCase):
         self.assertIn(f"| ‖e‖/‖slice‖ | {r:+.3f} | {r:+.3f} | +nan | 9 | 3 |", self.read("predictors.md"))
 
 
+class CellWithoutLazyTest(unittest.TestCase):
+    """Tier 3's layout: a second cell `lep-study-big` with the baseline, off and lazy_iteration but no
+    lazy run. Its seeds count against off only, and the verdict says why the two counts differ."""
+
+    def test_counts_and_note(self):
+        with tempfile.TemporaryDirectory() as root:
+            write_rank16_cell(root)
+            big = os.path.join(root, "results", "lep-study-big")
+            os.makedirs(big)
+            for seed in (1, 2):
+                write_run(os.path.join(big, f"baseline-seed{seed}.h5"), "baseline", seed, BASE[seed])
+                write_run(os.path.join(big, f"off-r16-seed{seed}.h5"), "off", seed, BASE[seed] + 0.1)
+                write_run(os.path.join(big, f"lazy_iteration-r16-seed{seed}.h5"), "lazy_iteration", seed,
+                          BASE[seed] + 0.2)  # worse than off in this cell
+            proc = run_study(root)
+            self.assertEqual(proc.returncode, 0, proc.stderr + proc.stdout)
+            with open(os.path.join(root, "out", "verdict.md")) as f:
+                text = f.read()
+            self.assertTrue(text.startswith("No variant beats both lazy and off"), text)
+            self.assertIn("lazy_iteration: lower final loss than lazy at 3 of 3 paired seeds, than off at 3 of 5", text)
+            self.assertIn("- a paired seed is one where both runs exist; no lazy run in big r16", text)
+            self.assertNotIn("no off run", text)
+
+
 class RanksWithoutTheVariantsTest(unittest.TestCase):
     """A tier-2 layout: lazy and off at ranks 16 and 64, lazy_iteration at rank 16 alone. The verdict
     names the (cell, rank) pairs where lazy_iteration ran, not rank 64, and the table leaves its rank-64
