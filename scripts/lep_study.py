@@ -193,8 +193,9 @@ def verdict_text(cells, paired):
     winners = []
     totals = []
     # The (cell, CB rank) pairs where a new variant was run: tier 2's ranks hold lazy and off alone.
-    runs = [f"{c.name} r{r}" for c in cells for r in c.ranks
-            if any((v, r) in c.by_key for v in VARIANTS if v not in ("lazy", "off"))]
+    ran = [(c, r) for c in cells for r in c.ranks
+           if any((v, r) in c.by_key for v in VARIANTS if v not in ("lazy", "off"))]
+    runs = [f"{c.name} r{r}" for c, r in ran]
     for v in VARIANTS:
         if v in ("lazy", "off"):
             continue
@@ -222,8 +223,7 @@ def verdict_text(cells, paired):
     # A pair where a variant ran but lazy or off did not (tier 3 runs off alone) adds to one count only.
     missing = []
     for other in ("lazy", "off"):
-        lacking = [f"{c.name} r{r}" for c in cells for r in c.ranks
-                   if (other, r) not in c.by_key and any((v, r) in c.by_key for v in VARIANTS if v not in ("lazy", "off"))]
+        lacking = [f"{c.name} r{r}" for c, r in ran if (other, r) not in c.by_key]
         if lacking:
             missing.append(f"no {other} run in {', '.join(lacking)}")
     if missing:

@@ -8,7 +8,7 @@
 #     3  the `small` cell (h 512, PP4 m16, rank 16): the baseline and tier 1's best and worst
 #        variant, BEST and WORST in the environment (default off and per_microbatch: tier 1's
 #        lowest and highest mean paired loss over both cells' 6 seeds, lazy_decay 0.003 nats
-#        behind off; 9 runs, 42-48 min each here)
+#        behind off; 9 runs, 41-48 min each here)
 #     SEED ...  default 1 2 3
 # Each run goes through scripts/lep_study_runs.sh (into results/reference/lep-study-<cell>/,
 # compacted; finished runs are skipped, a stopped one resumes from its checkpoint), so the command
