@@ -22,6 +22,8 @@ const std::vector<std::string> kExperimentKeys = {"name", "kind", "feeds"};
 const std::vector<std::string> kTrainScaleKeys = {"base", "set", "slurm", "grid"};
 const std::vector<std::string> kBenchScaleKeys = {"program", "args", "slurm", "grid"};
 const std::vector<std::string> kSlurmKeys = {"nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "time"};
+// Optional `slurm:` keys (a scale that asks for GPUs needs them: read_gpu_rules).
+const std::vector<std::string> kSlurmOptionalKeys = {"array_limit", "mem", "exclusive", "gpus_per_task"};
 const std::vector<std::string> kVariantAxisKeys = {"name", "variants"};
 const std::vector<std::string> kValuesAxisKeys = {"name", "key", "values", "label"};
 // Set by the sweep for every run (sweep.h); a file that set them would be silently overridden.
@@ -171,8 +173,63 @@ void read_header(const Reader& r, Experiment& e) {
 
 // ---- slurm and grid ---------------------------------------------------------------------------
 
+// The optional keys of `slurm:`: array throttle, memory, exclusive nodes, GPUs per task.
+void read_slurm_options(const Reader& r, const YAML::Node& n, const std::string& where, SlurmResources& s) {
+  if (n["array_limit"]) s.array_limit = r.integer_at(n["array_limit"], where + ".array_limit", 1);
+  if (n["gpus_per_task"]) s.gpus_per_task = r.integer_at(n["gpus_per_task"], where + ".gpus_per_task", 0);
+  if (n["exclusive"]) {
+    std::string why;
+    if (!read_scalar(n["exclusive"], s.exclusive, why)) {
+      r.fail(where + ".exclusive", text_of(n["exclusive"]), "must be true or false" + (why.empty() ? "" : " (" + why + ")"),
+             "write exclusive: true (whole nodes, sbatch --exclusive) or exclusive: false");
+    }
+  }
+  if (n["mem"]) {
+    s.mem = r.string_at(n["mem"], where + ".mem");
+    static const std::regex size("[0-9]{1,9}[KMGT]?");
+    if (!std::regex_match(s.mem, size)) {
+      r.fail(where + ".mem", "'" + s.mem + "'", "must be a Slurm memory size per node: digits and an optional unit "
+             "K, M, G or T (no unit = megabytes; 0 = all of each node's memory), as sbatch --mem takes it",
+             "e.g. mem: 480G, or mem: \"0\" for all of each node's memory");
+    }
+  }
+}
+
+// What a scale that asks for GPUs must say: how many of its tasks may run at once, the memory (or
+// whole nodes), and one GPU binding per task that covers the node's GPUs exactly.
+void check_gpu_rules(const Reader& r, const std::string& where, const SlurmResources& s) {
+  if (!s.needs_gpus()) return;
+  const std::string asks = fmt::format("gpus_per_node {}, gpus_per_task {}", s.gpus_per_node, s.gpus_per_task);
+  if (s.gpus_per_task == 0) {
+    r.fail(where + ".gpus_per_task", "(not set)", fmt::format("a scale that asks for GPUs ({}) binds them per task: "
+           "each of the {} tasks of a node (one rank each) gets its own GPUs", asks, s.tasks_per_node),
+           s.gpus_per_node % s.tasks_per_node == 0
+               ? fmt::format("add gpus_per_task: {} (= gpus_per_node {} / tasks_per_node {})",
+                             s.gpus_per_node / s.tasks_per_node, s.gpus_per_node, s.tasks_per_node)
+               : "add gpus_per_task: N with N * tasks_per_node == gpus_per_node");
+  }
+  if (s.gpus_per_task * s.tasks_per_node != s.gpus_per_node) {
+    r.fail(where, asks + fmt::format(", tasks_per_node {}", s.tasks_per_node),
+           fmt::format("gpus_per_task * tasks_per_node = {} must equal gpus_per_node (every GPU a node gives the "
+                       "job is bound to one of its tasks)", s.gpus_per_task * s.tasks_per_node),
+           fmt::format("set gpus_per_node: {}, or change gpus_per_task or tasks_per_node to match it",
+                       s.gpus_per_task * s.tasks_per_node));
+  }
+  if (s.array_limit == 0) {
+    r.fail(where + ".array_limit", "(not set)", fmt::format("a scale that asks for GPUs ({} per task) must limit "
+           "how many of its array tasks run at once, or every task starts together", s.gpu_text()), "add array_limit: N (at most N tasks at once, sbatch --array=...%N), e.g. array_limit: 2");
+  }
+  if (s.mem.empty() && !s.exclusive) {
+    r.fail(where, "mem and exclusive not set", "a scale that asks for GPUs must say its memory per node (`mem`) or "
+           "take whole nodes (`exclusive: true`), else Slurm's default memory (often a few GB per CPU) applies",
+           "add exclusive: true (and mem: \"0\" for all of each node's memory), or mem: 480G");
+  }
+}
+
 SlurmResources read_slurm(const Reader& r, const YAML::Node& n, const std::string& where) {
-  r.check_keys(n, kSlurmKeys, where);
+  std::vector<std::string> known = kSlurmKeys;
+  known.insert(known.end(), kSlurmOptionalKeys.begin(), kSlurmOptionalKeys.end());
+  r.check_keys(n, known, where);
   for (const auto& k : kSlurmKeys) {
     if (!n[k]) r.fail(where, text_of(n), "lacks `" + k + "` (needs " + join(kSlurmKeys) + ")", "add `" + k + ": ...`");
   }
@@ -194,6 +251,8 @@ SlurmResources read_slurm(const Reader& r, const YAML::Node& n, const std::strin
     r.fail(where, fmt::format("nodes {}, tasks_per_node {}", s.nodes, s.tasks_per_node),
            "a benchmark run is one process", "set nodes: 1 and tasks_per_node: 1");
   }
+  read_slurm_options(r, n, where, s);
+  check_gpu_rules(r, where, s);
   return s;
 }
 
@@ -346,6 +405,11 @@ void read_experiment_block(Reader& r, const YAML::Node& n, Experiment& e) {
 }
 
 }  // namespace
+
+std::string SlurmResources::gpu_text() const {
+  const int64_t per_node = gpus_per_node > 0 ? gpus_per_node : gpus_per_task * tasks_per_node;
+  return fmt::format("{} node{} x {} GPU{}", nodes, nodes == 1 ? "" : "s", per_node, per_node == 1 ? "" : "s");
+}
 
 const std::vector<std::string>& experiment_scale_names() {
   static const std::vector<std::string> names = {"cpu", "paper"};

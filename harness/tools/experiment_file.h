@@ -26,13 +26,28 @@ class ExperimentError : public ConfigError {
 /// The scale names every experiment file defines, in this order.
 const std::vector<std::string>& experiment_scale_names();
 
-/// `slurm:` of a scale: what one array task (one run) asks for.
+/// `slurm:` of a scale: what one array task (one run) asks for, and how many tasks run at once.
+/// The first five keys are required; the rest are optional, except that a scale asking for GPUs
+/// (gpus_per_node > 0 or gpus_per_task > 0) must set array_limit, mem or exclusive (or both), and
+/// gpus_per_task, with gpus_per_task * tasks_per_node == gpus_per_node (one rank per task; every
+/// GPU of a node a rank's). load_experiment refuses a block that breaks these rules.
 struct SlurmResources {
   int64_t nodes = 1;           // >= 1
   int64_t tasks_per_node = 1;  // >= 1; world size of a run = nodes * tasks_per_node
   int64_t gpus_per_node = 0;   // >= 0
   int64_t cpus_per_task = 1;   // >= 1
   std::string time;            // wall-clock limit HH:MM:SS (hours may exceed 24)
+  int64_t array_limit = 0;     // `array_limit`: >= 1 = at most this many array tasks at once
+                               // (sbatch --array=...%N); 0 = not set (no limit)
+  std::string mem;             // `mem`: memory per node as sbatch --mem: digits + optional K|M|G|T
+                               // ("0" = all of each node's memory); "" = not set
+  bool exclusive = false;      // `exclusive`: whole nodes (sbatch --exclusive)
+  int64_t gpus_per_task = 0;   // `gpus_per_task`: >= 0, GPUs bound to each task (sbatch --gpus-per-task)
+
+  /// True when the block asks for GPUs (gpus_per_node > 0 or gpus_per_task > 0).
+  bool needs_gpus() const { return gpus_per_node > 0 || gpus_per_task > 0; }
+  /// "16 nodes x 8 GPUs" (or "1 node x 1 GPU"): the GPUs the block asks for, for messages.
+  std::string gpu_text() const;
 };
 
 /// One value of a grid axis: its run-name part and the overrides (train: "section.key=value" as

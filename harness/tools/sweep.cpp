@@ -8,6 +8,8 @@
 #include <map>
 #include <regex>
 
+#include "compat/torch_compat.h"
+
 namespace optcc {
 namespace {
 namespace fs = std::filesystem;
@@ -114,9 +116,9 @@ bool check_run(const SweepRun& r, const std::string& root) {
   const auto [config, sets] = config_and_sets(r.args);
   Config cfg = load_config(under(root, config), sets);
   bool fallback = false;
+  Config located = cfg;  // the run reads data.prefix from the repository root
+  located.data.prefix = under(root, located.data.prefix);
   if (cfg.model.vocab_size == 0) {
-    Config located = cfg;  // the run reads data.prefix from the repository root
-    located.data.prefix = under(root, located.data.prefix);
     try {
       resolve_vocab(located);
       cfg.model.vocab_size = located.model.vocab_size;
@@ -126,6 +128,8 @@ bool check_run(const SweepRun& r, const std::string& root) {
     }
   }
   cfg.validate(r.world_size);
+  located.model.vocab_size = cfg.model.vocab_size;
+  check_tokenizer_vocab(located, prepared_vocab_size(located.data.prefix));  // as train does before step 1
   return fallback;
 }
 
@@ -190,11 +194,28 @@ nlohmann::json sweep_json(const SweepPlan& plan) {
                     {"world_size", r.world_size}, {"args", r.args}});
   }
   const SlurmResources& s = plan.slurm;
+  const nlohmann::json array_limit = s.array_limit > 0 ? nlohmann::json(s.array_limit) : nlohmann::json();
+  const nlohmann::json mem = s.mem.empty() ? nlohmann::json() : nlohmann::json(s.mem);
   return {{"experiment", plan.experiment}, {"scale", plan.scale}, {"file", plan.file}, {"kind", plan.kind},
           {"feeds", plan.feeds}, {"results_dir", plan.results_dir},
           {"slurm", {{"nodes", s.nodes}, {"tasks_per_node", s.tasks_per_node}, {"gpus_per_node", s.gpus_per_node},
-                     {"cpus_per_task", s.cpus_per_task}, {"time", s.time}}},
+                     {"cpus_per_task", s.cpus_per_task}, {"time", s.time}, {"array_limit", array_limit},
+                     {"mem", mem}, {"exclusive", s.exclusive}, {"gpus_per_task", s.gpus_per_task}}},
+          {"needs_gpus", s.needs_gpus()},
+          {"build", {{"cuda", kBuiltWithCuda}, {"description", build_description()}}},
           {"runs", runs}};
+}
+
+std::string gpu_build_refusal(const SweepPlan& plan, bool built_with_cuda, const std::string& build) {
+  const SlurmResources& s = plan.slurm;
+  if (!s.needs_gpus() || built_with_cuda) return "";
+  return fmt::format(
+      "experiment error ({}): experiment {}, --scale {}: its slurm block asks for {} ({} GPU{} per task, {} "
+      "tasks per run), but this optcc is {}: it cannot use a GPU, and every task would hold its GPUs idle "
+      "and run on CPUs only (the runs' configs were not checked). Fix: build optcc against a CUDA LibTorch "
+      "(and point OPTCC at it), or use the cpu scale (--scale cpu).",
+      plan.file, plan.experiment, plan.scale, s.gpu_text(), s.gpus_per_task, s.gpus_per_task == 1 ? "" : "s",
+      s.nodes * s.tasks_per_node, build);
 }
 
 SweepCheck check_sweep(const SweepPlan& plan, const std::string& root) {
@@ -213,7 +234,14 @@ SweepCheck check_sweep(const SweepPlan& plan, const std::string& root) {
 
 int run_sweep_command(const SweepOptions& o) {
   const SweepPlan plan = expand_experiment(load_experiment(o.file, o.root), o.scale);
-  if (o.check) return print_check(plan, check_sweep(plan, o.root), o.root);
+  if (o.check) {
+    const std::string refusal = gpu_build_refusal(plan, kBuiltWithCuda, build_description());
+    if (!refusal.empty()) {
+      std::cerr << refusal << "\n";
+      return 2;
+    }
+    return print_check(plan, check_sweep(plan, o.root), o.root);
+  }
   if (o.json) {
     std::cout << sweep_json(plan).dump(2) << "\n";
     return 0;

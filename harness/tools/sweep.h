@@ -16,12 +16,17 @@
 // Output of the command:
 //   (default)   one line per run: INDEX<TAB>RUN<TAB>the grid's overrides, shell-quoted, space-separated
 //   --json      {"experiment", "scale", "file", "kind", "feeds", "results_dir", "slurm": {nodes,
-//               tasks_per_node, gpus_per_node, cpus_per_task, time}, "runs": [{"index", "run",
-//               "kind", "axes": {axis: part}, "overrides", "results", "checkpoint_dir" ("" for a
-//               benchmark), "world_size", "args"}]}
+//               tasks_per_node, gpus_per_node, cpus_per_task, time, array_limit (null = not set),
+//               mem (null = not set), exclusive, gpus_per_task}, "needs_gpus" (the slurm block asks
+//               for GPUs), "build": {"cuda" (kBuiltWithCuda), "description" (build_description())},
+//               "runs": [{"index", "run", "kind", "axes": {axis: part}, "overrides", "results",
+//               "checkpoint_dir" ("" for a benchmark), "world_size", "args"}]}
+//               (slurm/submit reads needs_gpus and build from here instead of deriving them.)
 //   --index I   run I's args, one per line
-//   --check     every train run's config loaded (load_config) and validated as `optcc train` does
-//               (resolve_vocab, Config::validate(world_size)); exit status 2 naming each bad run.
+//   --check     first: a scale whose slurm block asks for GPUs is refused when this binary was built
+//               without CUDA (gpu_build_refusal; exit status 2, nothing else checked). Then every train
+//               run's config loaded (load_config) and validated as `optcc train` does (resolve_vocab,
+//               Config::validate(world_size)); exit status 2 naming each bad run.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -81,6 +86,12 @@ struct SweepCheck {
 /// by load_experiment): checked = 0.
 SweepCheck check_sweep(const SweepPlan& plan, const std::string& root = ".");
 
+/// Why `plan` cannot run with a binary built with(out) CUDA (`built_with_cuda`, described by
+/// `build`, e.g. build_description()), or "" when it can: a slurm block that asks for GPUs needs a
+/// CUDA build. The message names the experiment, its file, the scale, what the block asks, the
+/// build and the fix. `optcc sweep --check` passes this binary's kBuiltWithCuda.
+std::string gpu_build_refusal(const SweepPlan& plan, bool built_with_cuda, const std::string& build);
+
 struct SweepOptions {
   std::string file;
   std::string scale;
@@ -90,7 +101,8 @@ struct SweepOptions {
   std::string root = ".";  // the repository root: paths in the file and in each run are relative to it
 };
 /// `optcc sweep FILE --scale S [--json | --index I | --check]` (run from the repository root): prints to
-/// stdout (check failures to stderr). Returns 0, or 2 when --check found a bad run. Throws
+/// stdout (check failures to stderr). Returns 0, or 2 when --check refused the scale for this build
+/// or found a bad run. Throws
 /// ExperimentError for a bad file or an --index out of range.
 int run_sweep_command(const SweepOptions& o);
 

@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "compat/torch_compat.h"
 #include "harness/tools/sweep.h"
 #include "tests/support/synthetic_corpus.h"
 
@@ -59,7 +60,8 @@ const std::string kPlainScales =
     "    slurm: {nodes: 1, tasks_per_node: 2, gpus_per_node: 0, cpus_per_task: 1, time: \"00:10:00\"}\n"
     "  paper:\n"
     "    base: experiments/base.yaml\n"
-    "    slurm: {nodes: 2, tasks_per_node: 1, gpus_per_node: 8, cpus_per_task: 4, time: \"48:00:00\"}\n";
+    "    slurm: {nodes: 2, tasks_per_node: 1, gpus_per_node: 8, gpus_per_task: 8, cpus_per_task: 4, time: \"48:00:00\",\n"
+    "            array_limit: 3, exclusive: true}\n";
 const std::string kScales = kPlainScales +
     "    grid:\n"
     "      - {name: seed, key: train.seed, values: [7]}\n";
@@ -132,7 +134,10 @@ TEST_F(SweepTest, ListingJsonAndIndexAgree) {
   EXPECT_EQ(j["kind"], "train");
   EXPECT_EQ(j["results_dir"], "results/demo");
   EXPECT_EQ(j["slurm"], nlohmann::json::parse(R"({"nodes": 1, "tasks_per_node": 2, "gpus_per_node": 0,
-                                                   "cpus_per_task": 1, "time": "00:10:00"})"));
+                                                   "cpus_per_task": 1, "time": "00:10:00", "array_limit": null,
+                                                   "mem": null, "exclusive": false, "gpus_per_task": 0})"));
+  EXPECT_EQ(j["needs_gpus"], false);
+  EXPECT_EQ(j["build"], (nlohmann::json{{"cuda", kBuiltWithCuda}, {"description", build_description()}}));
   ASSERT_EQ(j["runs"].size(), 4u);
   o.json = false;
   for (int64_t i = 0; i < 4; ++i) {
@@ -176,7 +181,8 @@ TEST_F(SweepTest, BenchmarkRunsAreTheProgramsCommandLine) {
       "    slurm: {nodes: 1, tasks_per_node: 1, gpus_per_node: 0, cpus_per_task: 1, time: \"00:20:00\"}\n"
       "  paper:\n"
       "    program: build/tests/bench/bench_compression\n"
-      "    slurm: {nodes: 1, tasks_per_node: 1, gpus_per_node: 1, cpus_per_task: 8, time: \"01:00:00\"}\n"
+      "    slurm: {nodes: 1, tasks_per_node: 1, gpus_per_node: 1, gpus_per_task: 1, cpus_per_task: 8, time: \"01:00:00\",\n"
+      "            array_limit: 1, mem: 64G}\n"
       "grid:\n"
       "  - name: part\n"
       "    variants: {codecs: [--benchmark_filter=codec/lowrank/.*/fig14], reducers: [--benchmark_filter=reducer/]}\n"
@@ -201,6 +207,38 @@ TEST_F(SweepTest, BenchmarkRunsAreTheProgramsCommandLine) {
   bad = body;
   bad.replace(bad.find("tasks_per_node: 1"), 17, "tasks_per_node: 2");
   EXPECT_THAT(error_of(bad), HasSubstr("a benchmark run is one process. Fix: set nodes: 1 and tasks_per_node: 1"));
+}
+
+// The optional slurm keys: what they parse to, and how --json carries them with the build's facts.
+TEST_F(SweepTest, SlurmThrottleMemoryExclusiveAndGpusPerTask) {
+  const Experiment e = load("experiment: {name: demo}\n" + kScales + kGrid);
+  const SweepPlan cpu = expand_experiment(e, "cpu");
+  EXPECT_FALSE(cpu.slurm.needs_gpus());
+  EXPECT_EQ(cpu.slurm.array_limit, 0);
+  EXPECT_EQ(cpu.slurm.mem, "");
+  EXPECT_FALSE(cpu.slurm.exclusive);
+  const SweepPlan paper = expand_experiment(e, "paper");
+  EXPECT_TRUE(paper.slurm.needs_gpus());
+  EXPECT_EQ(paper.slurm.array_limit, 3);
+  EXPECT_TRUE(paper.slurm.exclusive);
+  EXPECT_EQ(paper.slurm.gpus_per_task, 8);
+  EXPECT_EQ(paper.slurm.gpu_text(), "2 nodes x 8 GPUs");
+  const nlohmann::json j = sweep_json(paper);
+  EXPECT_EQ(j["slurm"], nlohmann::json::parse(R"({"nodes": 2, "tasks_per_node": 1, "gpus_per_node": 8,
+                                                   "cpus_per_task": 4, "time": "48:00:00", "array_limit": 3,
+                                                   "mem": null, "exclusive": true, "gpus_per_task": 8})"));
+  EXPECT_EQ(j["needs_gpus"], true);
+  EXPECT_EQ(j["build"]["cuda"], kBuiltWithCuda);
+  EXPECT_EQ(j["build"]["description"], build_description());
+  // mem: a Slurm size; YAML's 0 and 480G are both scalars; exclusive may stay off when mem is given.
+  for (const std::string mem : {"0", "480G", "\"512000\"", "2T"}) {
+    std::string body = kScales;
+    body.replace(body.find("exclusive: true"), 15, "mem: " + mem);
+    const SweepPlan q = expand_experiment(load("experiment:\n" + body + kGrid), "paper");
+    EXPECT_EQ(q.slurm.mem, mem[0] == '"' ? mem.substr(1, mem.size() - 2) : mem);
+    EXPECT_FALSE(q.slurm.exclusive);
+    EXPECT_EQ(sweep_json(q)["slurm"]["mem"], q.slurm.mem);
+  }
 }
 
 // Each rule of the format: the message names the file, the key, the value and the fix.
@@ -241,6 +279,49 @@ TEST_F(SweepErrorTest, ExperimentAndScaleKeys) {
   expect_error(exp + std::string(s).replace(s.find("name: seed, key"), 4, "nam") + kGrid, "scales.paper.grid[0].nam");
   expect_error(exp + std::string(s).replace(s.find("name: seed, key"), 10, "name: sed") + kGrid,
                "scales.paper.grid = axis 'sed': a scale's grid replaces top-level axes by name");
+}
+
+// The slurm block's optional keys and the rules of a scale that asks for GPUs.
+TEST_F(SweepErrorTest, SlurmGpuRules) {
+  const std::string& exp = exp_;
+  const auto with = [](std::string from, const std::string& to) {
+    std::string s = kScales;
+    return s.replace(s.find(from), from.size(), to);
+  };
+  expect_error(exp + with("array_limit: 3", "array_limit: 0") + kGrid, "scales.paper.slurm.array_limit = '0': must be >= 1");
+  expect_error(exp + with("array_limit: 3, ", "") + kGrid,
+               "scales.paper.slurm.array_limit = (not set): a scale that asks for GPUs (2 nodes x 8 GPUs per task) "
+               "must limit how many of its array tasks run at once");
+  expect_error(exp + with("array_limit: 3, ", "") + kGrid, "Fix: add array_limit: N");
+  expect_error(exp + with("exclusive: true", "exclusive: false") + kGrid,
+               "scales.paper.slurm = mem and exclusive not set: a scale that asks for GPUs must say its memory per "
+               "node (`mem`) or take whole nodes (`exclusive: true`)");
+  expect_error(exp + with("exclusive: true", "exclusive: yes") + kGrid, "scales.paper.slurm.exclusive = 'yes': must be "
+               "true or false");
+  for (const std::string bad : {"480GB", "-1", "1.5G", "lots", "g"}) {
+    expect_error(exp + with("exclusive: true", "mem: " + bad) + kGrid,
+                 "scales.paper.slurm.mem = '" + bad + "': must be a Slurm memory size per node");
+  }
+  expect_error(exp + with("gpus_per_task: 8, ", "") + kGrid,
+               "scales.paper.slurm.gpus_per_task = (not set): a scale that asks for GPUs (gpus_per_node 8, "
+               "gpus_per_task 0) binds them per task");
+  expect_error(exp + with("gpus_per_task: 8, ", "") + kGrid, "Fix: add gpus_per_task: 8 (= gpus_per_node 8 / "
+               "tasks_per_node 1)");
+  expect_error(exp + with("gpus_per_task: 8", "gpus_per_task: 4") + kGrid,
+               "scales.paper.slurm = gpus_per_node 8, gpus_per_task 4, tasks_per_node 1: gpus_per_task * "
+               "tasks_per_node = 4 must equal gpus_per_node");
+  expect_error(exp + with("gpus_per_task: 8", "gpus_per_task: -1") + kGrid,
+               "scales.paper.slurm.gpus_per_task = '-1': must be >= 0");
+  // GPUs per task without GPUs per node (cpu scale: 2 tasks of 1 GPU = 2 GPUs a node).
+  expect_error(exp + with("gpus_per_node: 0,", "gpus_per_node: 0, gpus_per_task: 1,") + kGrid,
+               "scales.cpu.slurm = gpus_per_node 0, gpus_per_task 1, tasks_per_node 2: gpus_per_task * "
+               "tasks_per_node = 2 must equal gpus_per_node");
+  expect_error(exp + with("array_limit: 3", "throttle: 3") + kGrid,
+               "scales.paper.slurm.throttle = '3': unknown key (known here: nodes, tasks_per_node, gpus_per_node, "
+               "cpus_per_task, time, array_limit, mem, exclusive, gpus_per_task)");
+  // Without GPUs the optional keys are optional; with them they are accepted as well.
+  EXPECT_NO_THROW(load(exp + with("gpus_per_node: 0,", "gpus_per_node: 0, array_limit: 1, mem: 4G, exclusive: false,")
+                       + kGrid));
 }
 
 TEST_F(SweepErrorTest, GridAxes) {
@@ -326,6 +407,50 @@ TEST_F(SweepTest, CheckFallsBackToTheDataVocabularyWhenTheDatasetIsMissing) {
   const SweepCheck c = check_sweep(expand_experiment(load("experiment:\n" + kScales + kGrid), "cpu"), root_.str());
   EXPECT_TRUE(c.problems.empty()) << c.problems[0].error;
   EXPECT_EQ(c.vocab_from_data_config, 4);
+}
+
+// A scale that asks for GPUs cannot run with a build without CUDA: --check says so first, before
+// any run's config is looked at, naming the experiment, the scale, the GPUs, the build and the fix.
+TEST_F(SweepTest, CheckRefusesAGpuScaleWithABuildWithoutCuda) {
+  load("experiment:\n" + kPlainScales +
+       "grid:\n"
+       "  - name: v\n"
+       "    variants:\n"
+       "      good: []\n"
+       "      layout: [parallel.dp=4]\n");  // a bad run: the refusal comes before it is reported
+  const Experiment e = load_experiment(root_ / "experiments/exp.yaml", root_.str());
+  const SweepPlan paper = expand_experiment(e, "paper");
+  const std::string refusal = gpu_build_refusal(paper, false, "LibTorch 1.13.1, CPU only (built without CUDA)");
+  EXPECT_THAT(refusal, HasSubstr("experiment error (" + root_ / "experiments/exp.yaml" + "): experiment exp, --scale "
+                                 "paper: its slurm block asks for 2 nodes x 8 GPUs (8 GPUs per task, 2 tasks per run), "
+                                 "but this optcc is LibTorch 1.13.1, CPU only (built without CUDA): it cannot use a GPU"));
+  EXPECT_THAT(refusal, HasSubstr("Fix: build optcc against a CUDA LibTorch"));
+  EXPECT_THAT(refusal, HasSubstr("or use the cpu scale (--scale cpu)"));
+  EXPECT_EQ(gpu_build_refusal(paper, true, "LibTorch 2.6.0, CUDA"), "");
+  EXPECT_EQ(gpu_build_refusal(expand_experiment(e, "cpu"), false, "LibTorch 1.13.1, CPU only"), "");
+
+  SweepOptions o;
+  o.file = root_ / "experiments/exp.yaml";
+  o.root = root_.str();
+  o.check = true;
+  o.scale = "paper";
+  ::testing::internal::CaptureStdout();
+  ::testing::internal::CaptureStderr();
+  const int code = run_sweep_command(o);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  const std::string out = ::testing::internal::GetCapturedStdout();
+  EXPECT_EQ(code, 2);
+  if (!kBuiltWithCuda) {
+    EXPECT_EQ(err, gpu_build_refusal(paper, false, build_description()) + "\n");
+    EXPECT_THAT(err, HasSubstr(build_description()));
+  } else {  // a CUDA build checks the configs and finds the bad run
+    EXPECT_THAT(err, HasSubstr("run 1 (layout)"));
+  }
+  EXPECT_EQ(out, "");
+  o.scale = "cpu";  // no GPUs: the configs are checked as before, in any build
+  ::testing::internal::CaptureStderr();
+  EXPECT_EQ(run_sweep_command(o), 2);
+  EXPECT_THAT(::testing::internal::GetCapturedStderr(), HasSubstr("run 1 (layout)"));
 }
 
 // The issue's requirement: every experiment file of the repository expands and validates at both
