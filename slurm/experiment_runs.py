@@ -73,11 +73,16 @@ def experiment_path(path):
     return full if rel.startswith("..") else rel
 
 
+def check_runs(settings, exp, scale):
+    """`optcc sweep EXP --scale S --check`: every run's config loads and validates (and a scale that
+    asks for GPUs has a CUDA build), else optcc names the problem and this exits."""
+    run_optcc(settings, ["sweep", exp, "--scale", scale, "--check"])
+
+
 def expand(settings, exp, scale, check=False):
-    """`optcc sweep EXP --scale S --json` as a dict; with check, `--check` first (every run's config
-    loads and validates, else optcc names the bad runs and this exits)."""
+    """`optcc sweep EXP --scale S --json` as a dict; with check, check_runs first."""
     if check:
-        run_optcc(settings, ["sweep", exp, "--scale", scale, "--check"])
+        check_runs(settings, exp, scale)
     return json.loads(run_optcc(settings, ["sweep", exp, "--scale", scale, "--json"]))
 
 
@@ -213,6 +218,12 @@ def launch_command(settings, run, extra, launcher):
     srun = ["srun", "--kill-on-bad-exit=1"]
     if os.environ.get("SLURM_CPUS_PER_TASK"):  # srun does not inherit sbatch's --cpus-per-task (22.05+)
         srun.append(f"--cpus-per-task={os.environ['SLURM_CPUS_PER_TASK']}")
+    if os.environ.get("SLURM_GPUS_PER_TASK"):
+        # One GPU binding per rank: srun --gpus-per-task gives each task its own GPUs (it implies
+        # --gpu-bind=per_task, and Slurm sets each task's CUDA_VISIBLE_DEVICES; with ConstrainDevices
+        # the task cannot even open the others). Given explicitly, as --cpus-per-task above, instead of
+        # trusting every Slurm version to carry the job's request over to the step.
+        srun.append(f"--gpus-per-task={os.environ['SLURM_GPUS_PER_TASK']}")
     return srun + train
 
 

@@ -1,18 +1,28 @@
 #!/usr/bin/env python3
 """slurm/experiment_runs.py's shared runner rules without Slurm or optcc: --only selection, the .done
-marker's record of extra arguments and the warning when they differ.
+marker's record of extra arguments and the warning when they differ. And slurm/submit's sbatch lines
+and its refusal of a GPU scale with a build without CUDA: with a fake optcc (canned `sweep --json`)
+and a fake sbatch on PATH that records its arguments, and with the real build/optcc (or $OPTCC) on
+experiments/table2.yaml --scale paper when it is built (those cases are skipped otherwise).
 
   experiment_runs_test.py REPO_ROOT
 """
 import contextlib
+import importlib.machinery
+import importlib.util
 import io
+import json
 import os
+import subprocess
 import sys
 import tempfile
 import unittest
 
-sys.path.insert(0, os.path.join(os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "."), "slurm"))
+REPO = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else ".")
+sys.path.insert(0, os.path.join(REPO, "slurm"))
 import experiment_runs as er  # noqa: E402
+
+SUBMIT = os.path.join(REPO, "slurm", "submit")
 
 NAMES = ["baseline-seed1", "lazy-r16-seed1", "lazy-r64-seed1", "off-r16-seed1"]
 
@@ -64,6 +74,225 @@ class RunnerRulesTest(unittest.TestCase):
         plain = self.runs[0]
         plain.mark_finished(["optcc", "train"])
         self.assertEqual(plain.finished_with_other_extra(["--set", "a=b"]), "none")
+
+
+def load_submit():
+    loader = importlib.machinery.SourceFileLoader("optcc_submit", SUBMIT)
+    spec = importlib.util.spec_from_loader("optcc_submit", loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+GPU_SLURM = {"nodes": 16, "tasks_per_node": 8, "gpus_per_node": 8, "cpus_per_task": 8, "time": "48:00:00",
+             "array_limit": 2, "mem": "0", "exclusive": True, "gpus_per_task": 1}
+CPU_SLURM = {"nodes": 1, "tasks_per_node": 8, "gpus_per_node": 0, "cpus_per_task": 1, "time": "01:00:00",
+             "array_limit": None, "mem": None, "exclusive": False, "gpus_per_task": 0}
+
+
+class SbatchOptionsTest(unittest.TestCase):
+    """slurm/submit's translation of the slurm block into sbatch options."""
+
+    def setUp(self):
+        self.submit = load_submit()
+
+    def test_cpu_scale_lines_are_unchanged(self):
+        self.assertEqual(self.submit.resource_options(CPU_SLURM),
+                         ["--nodes=1", "--ntasks-per-node=8", "--cpus-per-task=1", "--time=01:00:00"])
+        self.assertEqual(self.submit.array_option([0, 1, 2, 5], CPU_SLURM), "--array=0-2,5")
+
+    def test_gpu_scale_gets_throttle_memory_exclusive_and_gpus_per_task(self):
+        self.assertEqual(self.submit.resource_options(GPU_SLURM),
+                         ["--nodes=16", "--ntasks=128", "--ntasks-per-node=8", "--gpus-per-task=1",
+                          "--cpus-per-task=8", "--time=48:00:00", "--mem=0", "--exclusive"])
+        self.assertEqual(self.submit.array_option(list(range(15)), GPU_SLURM), "--array=0-14%2")
+        self.assertNotIn("--gpus-per-node=8", self.submit.resource_options(GPU_SLURM))
+
+    def test_srun_binds_the_jobs_gpus_per_task(self):
+        run = er.Run(er.Settings({}), plan(["a"]), plan(["a"])["runs"][0])
+        old = {k: os.environ.get(k) for k in ("SLURM_GPUS_PER_TASK", "SLURM_CPUS_PER_TASK")}
+        try:
+            os.environ["SLURM_GPUS_PER_TASK"] = "1"
+            os.environ.pop("SLURM_CPUS_PER_TASK", None)
+            self.assertEqual(er.launch_command(er.Settings({}), run, [], "srun")[:3],
+                             ["srun", "--kill-on-bad-exit=1", "--gpus-per-task=1"])
+            os.environ.pop("SLURM_GPUS_PER_TASK")
+            self.assertNotIn("--gpus-per-task=1", er.launch_command(er.Settings({}), run, [], "srun"))
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+FAKE_OPTCC = """\
+#!{python}
+import json, os, sys
+with open(os.environ["FAKE_OPTCC_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+if "--check" in sys.argv:
+    sys.exit(0)
+print(json.dumps(json.load(open(os.environ["FAKE_OPTCC_PLAN"]))))
+"""
+FAKE_SBATCH = """\
+#!{python}
+import json, os, sys
+with open(os.environ["FAKE_SBATCH_LOG"], "a") as f:
+    f.write(json.dumps(sys.argv[1:]) + "\\n")
+print(4242 + sum(1 for _ in open(os.environ["FAKE_SBATCH_LOG"])))
+"""
+
+
+class SubmitTest(unittest.TestCase):
+    """slurm/submit end to end, with a fake optcc and a fake sbatch on PATH."""
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        t = self.tmp.name
+        os.makedirs(os.path.join(t, "bin"))
+        for name, text in (("optcc", FAKE_OPTCC), ("bin/sbatch", FAKE_SBATCH)):
+            path = os.path.join(t, name)
+            with open(path, "w") as f:
+                f.write(text.format(python=sys.executable))
+            os.chmod(path, 0o755)
+        self.exp = os.path.join(t, "fake.yaml")
+        open(self.exp, "w").close()
+        self.env = dict(os.environ, OPTCC=os.path.join(t, "optcc"), PATH=os.path.join(t, "bin") + os.pathsep +
+                        os.environ.get("PATH", ""), OPTCC_RESULTS=os.path.join(t, "results"),
+                        OPTCC_SLURM_LOGS=os.path.join(t, "logs"), FAKE_OPTCC_LOG=os.path.join(t, "optcc.log"),
+                        FAKE_SBATCH_LOG=os.path.join(t, "sbatch.log"), FAKE_OPTCC_PLAN=os.path.join(t, "plan.json"))
+        self.env.pop("SBATCH_EXTRA", None)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def submit(self, slurm, cuda, *args):
+        p = dict(plan(["baseline-seed1", "cb-seed1"]), experiment="fake-gpu", scale="paper", kind="train",
+                 slurm=slurm, needs_gpus=bool(slurm["gpus_per_node"]),
+                 build={"cuda": cuda, "description": "LibTorch 9.9.9, CUDA" if cuda else
+                        "LibTorch 1.13.1, CPU only (built without CUDA)"})
+        with open(self.env["FAKE_OPTCC_PLAN"], "w") as f:
+            json.dump(p, f)
+        return subprocess.run([sys.executable, SUBMIT, self.exp, "--scale", "paper", *args], cwd=REPO,
+                              env=self.env, capture_output=True, text=True)
+
+    def calls(self, name):
+        if not os.path.exists(self.env[name]):
+            return []
+        with open(self.env[name]) as f:
+            return [json.loads(line) for line in f]
+
+    def test_gpu_scale_with_a_cuda_build_is_submitted_with_its_resources(self):
+        p = self.submit(GPU_SLURM, True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertNotIn("WARNING", p.stderr)
+        self.assertIn(["sweep", self.exp, "--scale", "paper", "--check"], self.calls("FAKE_OPTCC_LOG"))  # outside REPO
+        array, results = self.calls("FAKE_SBATCH_LOG")
+        for option in ("--array=0-1%2", "--ntasks=128", "--gpus-per-task=1", "--mem=0", "--exclusive",
+                       "--nodes=16", "--ntasks-per-node=8", "--cpus-per-task=8", "--time=48:00:00"):
+            self.assertIn(option, array)
+        self.assertFalse([a for a in array if a.startswith("--gpus-per-node")])
+        self.assertIn("--dependency=afterany:4243", results)
+        self.assertIn("submitted array job 4243", p.stdout)
+
+    def test_gpu_scale_without_cuda_is_refused_before_any_sbatch(self):
+        p = self.submit(GPU_SLURM, False)
+        self.assertEqual(p.returncode, 2)
+        self.assertNotIn("Traceback", p.stderr)
+        self.assertIn("error: fake-gpu (", p.stderr)
+        self.assertIn("--scale paper asks for GPUs (16 nodes x 8 GPUs), but", p.stderr)
+        self.assertIn("is LibTorch 1.13.1, CPU only (built without CUDA): it cannot use a GPU", p.stderr)
+        self.assertIn("Nothing was submitted. Fix: build optcc against a CUDA LibTorch", p.stderr)
+        self.assertEqual(self.calls("FAKE_SBATCH_LOG"), [])
+        self.assertFalse(os.path.exists(self.env["OPTCC_SLURM_LOGS"]))
+
+    def test_gpu_scale_without_cuda_dry_run_warns_and_prints_the_jobs(self):
+        p = self.submit(GPU_SLURM, False, "--dry-run")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertTrue(p.stderr.startswith("WARNING: fake-gpu ("), p.stderr)
+        self.assertIn("LibTorch 1.13.1, CPU only (built without CUDA)", p.stderr)
+        self.assertIn("without --dry-run these jobs would be refused", p.stderr)
+        lines = p.stdout.splitlines()
+        self.assertIn("--array=0-1%2", lines[1])
+        self.assertIn("--gpus-per-task=1", lines[1])
+        self.assertEqual(sum(line.startswith("# task ") for line in lines), 2)
+        self.assertEqual(self.calls("FAKE_SBATCH_LOG"), [])
+
+    def test_cpu_scale_has_no_warning(self):
+        p = self.submit(CPU_SLURM, False, "--dry-run")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertEqual(p.stderr, "")
+        self.assertIn("--array=0-1 ", p.stdout)
+
+
+def real_optcc():
+    path = os.path.join(REPO, os.environ.get("OPTCC", "build/optcc"))
+    return path if os.access(path, os.X_OK) else None
+
+
+@unittest.skipUnless(real_optcc(), "build/optcc (or $OPTCC) is not built")
+class Table2PaperTest(unittest.TestCase):
+    """The real binary on experiments/table2.yaml --scale paper (16 nodes x 8 GPUs, 15 runs)."""
+
+    def setUp(self):
+        self.optcc = real_optcc()
+        self.tmp = tempfile.TemporaryDirectory()
+        os.makedirs(os.path.join(self.tmp.name, "bin"))
+        sbatch = os.path.join(self.tmp.name, "bin", "sbatch")
+        with open(sbatch, "w") as f:
+            f.write(FAKE_SBATCH.format(python=sys.executable))
+        os.chmod(sbatch, 0o755)
+        self.env = dict(os.environ, OPTCC=self.optcc, OPTCC_RESULTS=os.path.join(self.tmp.name, "results"),
+                        OPTCC_SLURM_LOGS=os.path.join(self.tmp.name, "logs"),
+                        FAKE_SBATCH_LOG=os.path.join(self.tmp.name, "sbatch.log"),
+                        PATH=os.path.join(self.tmp.name, "bin") + os.pathsep + os.environ.get("PATH", ""))
+        self.env.pop("SBATCH_EXTRA", None)
+        out = subprocess.run([self.optcc, "sweep", "experiments/table2.yaml", "--scale", "paper", "--json"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout
+        self.plan = json.loads(out)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def submit(self, *args):
+        return subprocess.run([sys.executable, SUBMIT, "experiments/table2.yaml", "--scale", "paper", *args], cwd=REPO,
+                              env=self.env, capture_output=True, text=True)
+
+    def test_json_carries_the_build_and_the_gpu_keys(self):
+        self.assertTrue(self.plan["needs_gpus"])
+        self.assertEqual(self.plan["slurm"]["array_limit"], 2)
+        self.assertEqual(self.plan["slurm"]["gpus_per_task"], 1)
+        self.assertTrue(self.plan["slurm"]["exclusive"])
+        self.assertIn(self.plan["build"]["cuda"], (True, False))
+        self.assertTrue(self.plan["build"]["description"].startswith("LibTorch "))
+
+    def test_dry_run_line(self):
+        p = self.submit("--dry-run")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        array = p.stdout.splitlines()[1]
+        for option in ("--array=0-14%2", "--exclusive", "--mem=0", "--gpus-per-task=1", "--ntasks=128"):
+            self.assertIn(option, array.split())
+        self.assertNotIn("--gpus-per-node", array)
+        if not self.plan["build"]["cuda"]:
+            self.assertIn("WARNING: table2 (experiments/table2.yaml) --scale paper asks for GPUs (16 nodes x 8 GPUs)",
+                          p.stderr)
+            self.assertIn(self.plan["build"]["description"], p.stderr)
+
+    def test_check_and_submit_refuse_without_cuda(self):
+        if self.plan["build"]["cuda"]:
+            self.skipTest("optcc is built with CUDA")
+        check = subprocess.run([self.optcc, "sweep", "experiments/table2.yaml", "--scale", "paper", "--check"],
+                               cwd=REPO, capture_output=True, text=True)
+        self.assertEqual(check.returncode, 2)
+        self.assertIn("experiment table2, --scale paper: its slurm block asks for 16 nodes x 8 GPUs", check.stderr)
+        self.assertIn(self.plan["build"]["description"], check.stderr)
+        self.assertIn("Fix: build optcc against a CUDA LibTorch", check.stderr)
+        p = self.submit()
+        self.assertEqual(p.returncode, 2)
+        self.assertIn("Nothing was submitted", p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+        self.assertFalse(os.path.exists(self.env["FAKE_SBATCH_LOG"]))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,11 @@ Slurm opens --output/--error/--input and enters --chdir BEFORE the batch script 
 `mkdir -p` in the script comes too late: a missing directory kills the job with no output anywhere.
 Paths are taken relative to --chdir when given, else to the submit directory (the repository root,
 as the templates' usage lines submit from). Also checks that every #SBATCH line sits before the
-first command (sbatch ignores the ones after it). Exit 0 = all good, 1 = a problem (each printed),
-77 = not a git checkout (skipped).
+first command (sbatch ignores the ones after it), and that slurm/experiment.sbatch (an array task of
+slurm/submit) asks for no GPUs, memory or array range itself: those come from the experiment's slurm
+block on submit's command line (--gpus-per-task, --mem, --exclusive, --array=...%N), and an #SBATCH
+--gpus-per-node or --mem-per-cpu there would add to them or clash (sbatch refuses --mem with
+--mem-per-cpu). Exit 0 = all good, 1 = a problem (each printed), 77 = not a git checkout (skipped).
 """
 import os
 import re
@@ -19,6 +22,10 @@ import sys
 # Options whose value is a path Slurm opens or enters before the script runs.
 PATH_OPTIONS = {"--output": "o", "--error": "e", "--input": "i", "--chdir": "D"}
 LONG_OF = {short: long for long, short in PATH_OPTIONS.items()}
+# Set per experiment by slurm/submit; an array task's template must leave them to it.
+SUBMIT_OWNED = {"--array", "-a", "--gpus", "-G", "--gpus-per-node", "--gpus-per-task", "--gres", "--mem",
+                "--mem-per-cpu", "--mem-per-gpu", "--exclusive", "--ntasks", "-n", "--nodes", "-N"}
+ARRAY_TEMPLATE = "experiment.sbatch"
 
 
 def tracked_dirs(root):
@@ -63,6 +70,12 @@ def check(root, path, dirs):
     rel = os.path.relpath(path, root)
     for number in ignored:
         problems.append(f"{rel}:{number}: #SBATCH after the first command: sbatch ignores it")
+    if os.path.basename(path) == ARRAY_TEMPLATE:
+        for opt, _, number in options:
+            if opt in SUBMIT_OWNED:
+                problems.append(f"{rel}:{number}: #SBATCH {opt}: slurm/submit sets it from the experiment's slurm "
+                                "block (GPUs per task, memory, throttle); here it would add to or clash with that. "
+                                "Fix: remove it, and set the key in the experiment file's slurm: block")
     values = {opt: (value, number) for opt, value, number in options if opt in PATH_OPTIONS}
     base = "."
     if "--chdir" in values:
