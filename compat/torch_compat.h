@@ -1,0 +1,60 @@
+// What differs between the LibTorch versions optcc builds against (Debian 12's 1.13, Debian 13's 2.6,
+// a cluster's CUDA 2.x), and what this build can run. Every `#if TORCH_VERSION_MAJOR` of the project
+// lives here; the rest of the code names the aliases below. The bottom layer: any folder may include
+// it (cmake/check_layers.cmake), and it includes only LibTorch.
+//
+// Tested: `make test` builds against 1.13; scripts/debian13/test.sh builds and runs the suite against
+// Debian 13's 2.6 (.ci/run runs both).
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <torch/version.h>
+
+#include <cstdint>
+#include <cstddef>
+#include <string>
+
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+
+namespace optcc {
+
+// --- LibTorch API differences --------------------------------------------------------------------
+
+/// The c10d object that holds a backend's collectives and point-to-point operations. 1.13: the
+/// ProcessGroup itself (ProcessGroupGloo derives from it). 2.x: c10d::Backend (a ProcessGroup became a
+/// dispatcher over per-device backends; ProcessGroupGloo / ProcessGroupNCCL derive from Backend), with
+/// the same allreduce / send / recv / barrier calls.
+#if TORCH_VERSION_MAJOR >= 2
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::Backend>;
+#else
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
+#endif
+
+/// The type of the allocator totals in c10::MemoryReportingInfoBase::reportMemoryUsage(ptr,
+/// alloc_size, total_allocated, total_reserved, device), bytes: int64_t in 1.13, size_t in 2.x.
+#if TORCH_VERSION_MAJOR >= 2
+using AllocatorTotal = std::size_t;
+#else
+using AllocatorTotal = int64_t;
+#endif
+
+// --- what this build can run ---------------------------------------------------------------------
+
+/// True when optcc was compiled with its CUDA/NCCL path (CMake option OPTCC_CUDA, on by default when
+/// the LibTorch found has CUDA). Settings that need a GPU (parallel.backend: nccl, a Slurm scale that
+/// asks for GPUs) are refused by builds where this is false.
+#ifdef OPTCC_WITH_CUDA
+inline constexpr bool kBuiltWithCuda = true;
+#else
+inline constexpr bool kBuiltWithCuda = false;
+#endif
+
+/// "LibTorch 1.13.1, CPU only (built without CUDA)" or "LibTorch 2.6.0, CUDA": what error messages
+/// and `optcc --version` print about this binary.
+inline std::string build_description() {
+  std::string v = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+                  std::to_string(TORCH_VERSION_PATCH);
+  return "LibTorch " + v + (kBuiltWithCuda ? ", CUDA" : ", CPU only (built without CUDA)");
+}
+
+}  // namespace optcc
