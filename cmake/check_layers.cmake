@@ -4,14 +4,16 @@ cmake_minimum_required(VERSION 3.18)  # IN_LIST, list(JOIN)
 # Prints the include graph between folders (edge: count) and fails on any edge the table below does
 # not allow. Registered as the `layers` test (tests/CMakeLists.txt).
 # Folder -> the folders it may include (besides itself). Lower folders never name upper ones.
-set(ALLOW_kernels "")
-set(ALLOW_harness_parallel "")
-set(ALLOW_datasets "")
-set(ALLOW_harness_records "")
-set(ALLOW_models "harness/parallel;kernels")
-set(ALLOW_compression "harness/parallel;kernels")
-set(ALLOW_harness_config "compression;models;datasets")
-set(ALLOW_harness_train "harness/config;harness/records;harness/parallel;models;compression;datasets;kernels")
+# compat/ (the LibTorch-version and build-capability header) sits below all of them.
+set(ALLOW_compat "")
+set(ALLOW_kernels "compat")
+set(ALLOW_harness_parallel "compat")
+set(ALLOW_datasets "compat")
+set(ALLOW_harness_records "compat")
+set(ALLOW_models "harness/parallel;kernels;compat")
+set(ALLOW_compression "harness/parallel;kernels;compat")
+set(ALLOW_harness_config "compression;models;datasets;compat")
+set(ALLOW_harness_train "harness/config;harness/records;harness/parallel;models;compression;datasets;kernels;compat")
 set(ALLOW_harness_tools "harness/train;${ALLOW_harness_train}")
 set(ALLOW_harness "harness/tools;${ALLOW_harness_tools}")   # main.cpp
 
@@ -30,7 +32,7 @@ get_filename_component(SRC "${SRC}" ABSOLUTE)
 file(GLOB_RECURSE sources RELATIVE ${SRC}
      ${SRC}/harness/*.h ${SRC}/harness/*.cpp ${SRC}/models/*.h ${SRC}/models/*.cpp
      ${SRC}/compression/*.h ${SRC}/compression/*.cpp ${SRC}/datasets/*.h ${SRC}/datasets/*.cpp
-     ${SRC}/kernels/*.h ${SRC}/kernels/*.cpp)
+     ${SRC}/kernels/*.h ${SRC}/kernels/*.cpp ${SRC}/compat/*.h)
 if(NOT sources)
   message(FATAL_ERROR "no sources under SRC='${SRC}' (give the source directory, absolute)")
 endif()
@@ -42,7 +44,7 @@ foreach(f IN LISTS sources)
   file(STRINGS ${SRC}/${f} lines REGEX "^[ \t]*#[ \t]*include[ \t]+\"")
   foreach(line IN LISTS lines)
     string(REGEX REPLACE "^[ \t]*#[ \t]*include[ \t]+\"([^\"]+)\".*" "\\1" inc "${line}")
-    if(NOT inc MATCHES "^(harness|models|compression|datasets|kernels)/")
+    if(NOT inc MATCHES "^(harness|models|compression|datasets|kernels|compat)/")
       continue()  # generated headers (optcc_git_rev.h) and the like
     endif()
     folder_of("${inc}" to)

@@ -27,6 +27,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "compat/torch_compat.h"
 #include "datasets/cli_integer.h"
 #include "harness/tools/bench.h"
 #include "harness/tools/comm_check.h"
@@ -363,6 +364,7 @@ int config_show_command(Config cfg) {
     cfg.model.vocab_size = cfg.data.vocab_size;
   }
   cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
+  check_tokenizer_vocab(cfg, prepared_vocab_size(cfg.data.prefix));  // as `optcc train` before its first step
   std::cerr << fmt::format("config OK for {} ranks (tp={} pp={} dp={}); run name '{}', results {}/{}.h5, "
                            "checkpoints {}\n",
                            cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp, cfg.parallel.tp,
@@ -407,6 +409,8 @@ int main(int argc, char** argv) {
   ensure_passive_openmp(argv);
   CLI::App app{"optcc: communication-compressed 3D-parallel GPT training (Optimus-CC and beyond)"};
   app.require_subcommand(1);
+  // What this binary can run (compat/torch_compat.h): e.g. "optcc 0.1.0, LibTorch 1.13.1, CPU only (built without CUDA)".
+  app.set_version_flag("--version", std::string("optcc ") + OPTCC_VERSION + ", " + optcc::build_description());
   Cli cli;
   add_train_command(app, cli);
   add_data_commands(app, cli);

@@ -6,6 +6,7 @@
 #include "compression/act_codec.h"
 #include "compression/grad_reducer.h"
 #include "compression/options.h"
+#include "compat/torch_compat.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -73,8 +74,23 @@ void validate_model(const Config& c) {
                               "use 0.02 (Megatron's default)");
 }
 
+// What this build can run, checked first: a GPU config on a CPU build fails on that, whatever else it says.
+void validate_backend(const Config& c) {
+  const auto& p = c.parallel;
+  if (p.backend != "gloo" && p.backend != "nccl") {
+    fail("parallel.backend", "'" + p.backend + "'", "must be gloo or nccl", "use gloo (CPU) or nccl (CUDA builds)");
+  }
+  if (p.backend == "nccl") {  // a CUDA build will take it once its NCCL path lands (kBuiltWithCuda)
+    fail("parallel.backend", "'nccl'",
+         "needs GPUs and optcc's CUDA/NCCL training path, which this binary does not have (" + build_description() +
+             (kBuiltWithCuda ? "; its NCCL training path is not written yet" : "") + ")",
+         "set parallel.backend: gloo to train on CPU ranks; NCCL needs optcc built against a CUDA LibTorch");
+  }
+}
+
 void validate_parallel(const Config& c, int64_t world_size) {
   const auto& p = c.parallel;
+  validate_backend(c);
   check_positive("parallel.tp", p.tp);
   check_positive("parallel.pp", p.pp);
   check_positive("parallel.dp", p.dp);
@@ -281,6 +297,7 @@ void validate_finite(const Config& const_cfg) {
 
 void Config::validate(int64_t world_size) const {
   validate_finite(*this);
+  validate_backend(*this);
   // The layout sizes divide other checks' values (heads / tp, layers / pp, batch / dp): positive first.
   check_positive("parallel.tp", parallel.tp);
   check_positive("parallel.pp", parallel.pp);

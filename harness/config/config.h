@@ -50,6 +50,8 @@ struct ParallelConfig {
   std::string schedule = "1f1b";     // pipeline schedule: 1f1b (Megatron, non-interleaved) | gpipe
   double timeout_seconds = 120.0;     // rendezvous and per-collective timeout, s; a dead rank ends
                                       // the run within this time
+  std::string backend = "gloo";       // c10d backend of every group: gloo (CPU tensors) | nccl (needs
+                                      // a CUDA build, compat/torch_compat.h kBuiltWithCuda)
   template <class V> void visit(V&& v);
 };
 
@@ -286,7 +288,19 @@ void resolve_vocab(Config& cfg);
 /// and the .bin must fit the .json next to it (max_token_id < dataset_vocab_size when that is
 /// known, > 0). Throws ConfigError naming both sizes, model.vocab_size / data.vocab_size and the
 /// fix, instead of LibTorch's "index out of range in self" at the first forward.
+/// Also refuses a dataset prepared with another tokenizer: dataset_vocab_size > 0 (from <prefix>.json)
+/// must equal model.vocab_size (check_tokenizer_vocab).
 void check_dataset_vocab(const Config& cfg, int64_t min_token_id, int64_t max_token_id, int64_t dataset_vocab_size);
+
+/// The tokenizer record rule alone: a dataset whose <prefix>.json says vocab_size V > 0 was tokenized
+/// with a V-piece vocabulary, and trains only a model with model.vocab_size == V (ids below the
+/// vocabulary size are not enough: an 8k-piece corpus fits a 50257-row embedding and is still the
+/// wrong data). Throws ConfigError naming both sizes, the dataset and the fix. V <= 0: nothing known.
+void check_tokenizer_vocab(const Config& cfg, int64_t dataset_vocab_size);
+
+/// <prefix>.json's vocab_size, as `optcc data prepare` records it; 0 when the file does not exist.
+/// Throws ConfigError when it exists but holds no readable vocab_size.
+int64_t prepared_vocab_size(const std::string& prefix);
 
 }  // namespace optcc
 

@@ -407,6 +407,30 @@ void resolve_vocab(Config& cfg) {
   }
 }
 
+int64_t prepared_vocab_size(const std::string& prefix) {
+  const std::string meta = prefix + ".json";
+  std::ifstream in(meta);
+  if (!in) return 0;
+  try {
+    return nlohmann::json::parse(in).at("vocab_size").get<int64_t>();
+  } catch (const std::exception& e) {
+    throw ConfigError(fmt::format("data error: cannot read vocab_size from {}: {}. Fix: re-run `optcc data prepare`.",
+                                  meta, e.what()));
+  }
+}
+
+void check_tokenizer_vocab(const Config& cfg, int64_t dataset_vocab_size) {
+  if (dataset_vocab_size <= 0 || dataset_vocab_size == cfg.model.vocab_size) return;
+  const std::string& prefix = cfg.data.prefix;
+  throw ConfigError(fmt::format(
+      "config error: model.vocab_size = {} but the dataset {} was tokenized with a {}-piece vocabulary ({}.json "
+      "vocab_size, tokenizer {}.model): a model trained on it learns the wrong embedding rows, even though every id "
+      "fits. Fix: point data.prefix at a dataset prepared with a {}-piece tokenizer, or set model.vocab_size: 0 to "
+      "take {} from the dataset (config: {}).",
+      cfg.model.vocab_size, prefix, dataset_vocab_size, prefix, prefix, cfg.model.vocab_size, dataset_vocab_size,
+      cfg.source_path.empty() ? "<config>" : cfg.source_path));
+}
+
 void check_dataset_vocab(const Config& cfg, int64_t min_token_id, int64_t max_token_id, int64_t dataset_vocab_size) {
   const std::string& prefix = cfg.data.prefix;
   const std::string config = cfg.source_path.empty() ? "<config>" : cfg.source_path;
@@ -430,6 +454,7 @@ void check_dataset_vocab(const Config& cfg, int64_t min_token_id, int64_t max_to
         dataset_vocab_size > 0 ? std::to_string(dataset_vocab_size) : std::string("unknown: no .json"),
         std::max(dataset_vocab_size, max_token_id + 1), cfg.model.vocab_size, config));
   }
+  check_tokenizer_vocab(cfg, dataset_vocab_size);
 }
 
 }  // namespace optcc

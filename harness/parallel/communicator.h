@@ -45,16 +45,11 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "compat/torch_compat.h"  // ProcessGroupPtr
 #include "harness/parallel/layout.h"
 
 
 namespace optcc {
-
-#if TORCH_VERSION_MAJOR >= 2
-using ProcessGroupPtr = c10::intrusive_ptr<c10d::Backend>;  // LibTorch 2.x: backends hold the ops
-#else
-using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroup>;
-#endif
 
 /// Traffic classes of 3D-parallel training (spec §9 rows), plus kControl for the few scalars of
 /// bookkeeping (global gradient norm, loss averaging, checks) that spec §9 leaves out.

@@ -20,6 +20,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "compat/torch_compat.h"
+
 namespace optcc {
 
 class MemoryTracker : public c10::MemoryReportingInfoBase {
@@ -27,7 +29,9 @@ class MemoryTracker : public c10::MemoryReportingInfoBase {
   /// Makes `tracker` the current thread's memory reporter until the returned guard dies.
   static std::unique_ptr<c10::DebugInfoGuard> install(const std::shared_ptr<MemoryTracker>& tracker);
 
-  void reportMemoryUsage(void* ptr, int64_t alloc_size, int64_t total_allocated, int64_t total_reserved,
+  /// LibTorch's hook, called on every allocation and free (alloc_size < 0) with the allocator's
+  /// totals in bytes (AllocatorTotal: int64_t in LibTorch 1.13, size_t in 2.x; compat/torch_compat.h).
+  void reportMemoryUsage(void* ptr, int64_t alloc_size, AllocatorTotal total_allocated, AllocatorTotal total_reserved,
                          c10::Device device) override;
   bool memoryProfilingEnabled() const override { return true; }
 

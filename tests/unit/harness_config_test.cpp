@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "compat/torch_compat.h"
 #include "harness/config/config.h"
 #include "harness/train/trainer.h"
 #include "tests/support/synthetic_corpus.h"
@@ -260,6 +261,50 @@ TEST(Config, DatasetTokenIdsMustFitTheModelVocabulary) {
   EXPECT_THAT(error(0, 300, 287), AllOf(HasSubstr("token id 300"), HasSubstr("vocab_size 287"),
                                         HasSubstr("--retrain")));  // .bin and .json disagree
   EXPECT_THAT(error(-3, 10, 287), AllOf(HasSubstr("negative token id -3"), HasSubstr("--retrain")));
+}
+
+// The paper configs set model.vocab_size 50257 (GPT-2's BPE) on data.prefix data/corpus, an
+// 8000-piece corpus: every id is below 50257, so the id check alone let a paper run train on the
+// wrong data. The tokenizer record (<prefix>.json vocab_size) must equal model.vocab_size.
+TEST(Config, DatasetOfAnotherTokenizerIsRefusedThoughItsIdsFit) {
+  Config c;
+  c.data.prefix = "data/corpus";
+  c.source_path = "experiments/paper/gpt-2.5b.yaml";
+  c.model.vocab_size = 50257;
+  std::string msg;
+  try {
+    check_dataset_vocab(c, 0, 7999, 8000);
+  } catch (const ConfigError& e) {
+    msg = e.what();
+  }
+  EXPECT_THAT(msg, AllOf(HasSubstr("model.vocab_size = 50257"), HasSubstr("8000-piece vocabulary"),
+                         HasSubstr("data/corpus.json"), HasSubstr("data/corpus.model"),
+                         HasSubstr("dataset prepared with a 50257-piece tokenizer"),
+                         HasSubstr("model.vocab_size: 0"), HasSubstr("gpt-2.5b.yaml")));
+  EXPECT_NO_THROW(check_tokenizer_vocab(c, 50257));
+  EXPECT_NO_THROW(check_tokenizer_vocab(c, 0));  // no .json: nothing known of the tokenizer
+  EXPECT_THROW(check_tokenizer_vocab(c, 50258), ConfigError);
+
+  testing::TempDir dir;
+  EXPECT_EQ(prepared_vocab_size(dir / "missing"), 0);
+  testing::write_synthetic_corpus(dir / "corpus", 96, 4);
+  EXPECT_EQ(prepared_vocab_size(dir / "corpus"), 96);
+  std::ofstream(std::string(dir / "bad") + ".json") << "{\"documents\": 3}";
+  EXPECT_THROW(prepared_vocab_size(dir / "bad"), ConfigError);
+}
+
+// parallel.backend: gloo everywhere; nccl is refused by a build without CUDA (and, until the
+// device path lands, by every build), naming the build and the fix.
+TEST(Config, NcclBackendIsRefusedByABuildThatCannotRunIt) {
+  Config c;
+  EXPECT_EQ(c.parallel.backend, "gloo");
+  c.parallel.backend = "nccl";
+  const std::string msg = validate_error(c);
+  EXPECT_THAT(msg, AllOf(HasSubstr("parallel.backend = 'nccl'"), HasSubstr(build_description()),
+                         HasSubstr("set parallel.backend: gloo")));
+  if (!kBuiltWithCuda) EXPECT_THAT(msg, HasSubstr("CPU only (built without CUDA)"));
+  c.parallel.backend = "mpi";
+  EXPECT_THAT(validate_error(c), HasSubstr("parallel.backend = 'mpi': must be gloo or nccl"));
 }
 
 TEST(Config, TrainingRefusesADatasetBeyondTheModelVocabularyBeforeTheFirstStep) {
