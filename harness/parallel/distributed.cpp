@@ -49,7 +49,7 @@ std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int rank
                                               std::chrono::milliseconds timeout,
                                               c10::intrusive_ptr<c10d::Store> store) {
   dims.validate(env.world_size);
-  auto d = std::unique_ptr<Distributed>(new Distributed{env, RankLayout(dims, ranks_per_node), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}});
+  auto d = std::unique_ptr<Distributed>(new Distributed{env, RankLayout(dims, ranks_per_node), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}});
   c10d::TCPStoreOptions opts;
   opts.port = static_cast<uint16_t>(env.master_port);
   opts.isServer = env.rank == 0;

@@ -90,8 +90,12 @@ TEST(ThinGemm, KernelsRunOnThisCpu) {
   // ctest also runs these tests under OPTCC_THIN_GEMM=avx2 (test_gemm_thin_avx2), to cover that path.
   const char* cap = std::getenv("OPTCC_THIN_GEMM");
 #if defined(__x86_64__)
-  if (cap == nullptr || std::string(cap) != "none") EXPECT_NE(thin_gemm_isa(), "none");
-  if (cap != nullptr && std::string(cap) == "avx2") EXPECT_EQ(thin_gemm_isa(), "avx2");
+  if (cap == nullptr || std::string(cap) != "none") {
+    EXPECT_NE(thin_gemm_isa(), "none");
+  }
+  if (cap != nullptr && std::string(cap) == "avx2") {
+    EXPECT_EQ(thin_gemm_isa(), "avx2");
+  }
 #endif
   if (!have_kernels()) GTEST_SKIP() << "no AVX2/AVX-512: thin_mm_f32_out is mm_f32_out here";
   auto m = torch::randn({64, 100}), q = torch::randn({100, 16}), p = torch::randn({64, 16});

@@ -95,7 +95,7 @@ TEST(EmbeddingSync, FeWithDpPowerSgdKeepsTheEmbeddingGradient) {
     ASSERT_TRUE(sync.compresses_dp());
     fill_grads(model, d.coord());
     ASSERT_TRUE(sync.reduce(model->parameters(), 0));
-    const auto& g = model->word_embedding().grad();
+    const torch::Tensor g = model->word_embedding().grad();  // a handle, not a reference into a temporary
     EXPECT_TRUE(torch::equal(g, torch::full_like(g, 5.0)));  // never zeroed by the DP reducer
     for (const auto& rec : sync.dp_reducer().records()) EXPECT_NE(rec.name, "embedding.weight");
   });
@@ -110,7 +110,7 @@ TEST(EmbeddingSync, CompressedEmbeddingReducerGoesUnderTheEmbeddingClass) {
     fill_grads(model, d.coord());
     d.meter.reset();
     ASSERT_TRUE(sync.reduce(model->parameters(), 0));
-    const auto& g = model->word_embedding().grad();
+    const torch::Tensor g = model->word_embedding().grad();  // a handle, not a reference into a temporary
     EXPECT_TRUE(torch::equal(g, torch::full_like(g, 5.0)));  // 1.5 and 3.5 are exact in fp16
     EXPECT_EQ(d.meter.at(Traffic::kEmbedding, Link::kIntraNode).bytes, g.numel() * 2);  // fp16 pair
   });
