@@ -13,8 +13,11 @@
 #include <cstdint>
 #include <cstddef>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 namespace optcc {
 
@@ -37,6 +40,20 @@ using AllocatorTotal = std::size_t;
 #else
 using AllocatorTotal = int64_t;
 #endif
+
+/// The TCPStore server's implementation. LibTorch 2.x added a libuv one (TCPStoreOptions::useLibUV)
+/// and made it the default, but a LibTorch built without libuv (Debian 13's 2.6) then fails every
+/// rendezvous ("use_libuv was requested but PyTorch was build without libuv support"). optcc asks for
+/// the classic socket server, which every version has; where the option does not exist (1.13) this
+/// does nothing.
+template <class Options, class = void>
+struct HasUseLibUv : std::false_type {};
+template <class Options>
+struct HasUseLibUv<Options, std::void_t<decltype(std::declval<Options&>().useLibUV)>> : std::true_type {};
+template <class Options>  // c10d::TCPStoreOptions; a template so that 1.13 never sees the member
+void use_classic_tcpstore(Options& opts) {
+  if constexpr (HasUseLibUv<Options>::value) opts.useLibUV = false;
+}
 
 // --- what this build can run ---------------------------------------------------------------------
 

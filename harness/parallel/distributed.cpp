@@ -51,6 +51,7 @@ std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int rank
   dims.validate(env.world_size);
   auto d = std::unique_ptr<Distributed>(new Distributed{env, RankLayout(dims, ranks_per_node), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}});
   c10d::TCPStoreOptions opts;
+  use_classic_tcpstore(opts);  // compat/torch_compat.h: LibTorch 2.x's libuv default
   opts.port = static_cast<uint16_t>(env.master_port);
   opts.isServer = env.rank == 0;
   opts.numWorkers = env.world_size;
