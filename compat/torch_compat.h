@@ -68,10 +68,14 @@ inline constexpr bool kBuiltWithCuda = false;
 
 /// "LibTorch 1.13.1, CPU only (built without CUDA)" or "LibTorch 2.6.0, CUDA": what error messages
 /// and `optcc --version` print about this binary.
+/// The LibTorch version this binary was compiled against, "1.13.1" (results record it: run_info.h).
+inline std::string torch_version() {
+  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
+         std::to_string(TORCH_VERSION_PATCH);
+}
+
 inline std::string build_description() {
-  std::string v = std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
-                  std::to_string(TORCH_VERSION_PATCH);
-  return "LibTorch " + v + (kBuiltWithCuda ? ", CUDA" : ", CPU only (built without CUDA)");
+  return "LibTorch " + torch_version() + (kBuiltWithCuda ? ", CUDA" : ", CPU only (built without CUDA)");
 }
 
 }  // namespace optcc

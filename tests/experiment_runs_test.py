@@ -170,6 +170,7 @@ class SubmitTest(unittest.TestCase):
     def submit(self, slurm, cuda, *args):
         p = dict(plan(["baseline-seed1", "cb-seed1"]), experiment="fake-gpu", scale="paper", kind="train",
                  slurm=slurm, needs_gpus=bool(slurm["gpus_per_node"]),
+                 gpus=f"{slurm['nodes']} nodes x {slurm['gpus_per_node']} GPUs" if slurm["gpus_per_node"] else None,
                  build={"cuda": cuda, "description": "LibTorch 9.9.9, CUDA" if cuda else
                         "LibTorch 1.13.1, CPU only (built without CUDA)"})
         with open(self.env["FAKE_OPTCC_PLAN"], "w") as f:

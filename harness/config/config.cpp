@@ -90,7 +90,6 @@ void validate_backend(const Config& c) {
 
 void validate_parallel(const Config& c, int64_t world_size) {
   const auto& p = c.parallel;
-  validate_backend(c);
   check_positive("parallel.tp", p.tp);
   check_positive("parallel.pp", p.pp);
   check_positive("parallel.dp", p.dp);
@@ -308,7 +307,10 @@ void Config::validate(int64_t world_size) const {
   validate_rest(*this);
 }
 
-void Config::validate_layout(int64_t world_size) const { validate_parallel(*this, world_size); }
+void Config::validate_layout(int64_t world_size) const {
+  validate_backend(*this);
+  validate_parallel(*this, world_size);
+}
 
 std::vector<int64_t> Config::stage_layer_counts() const {
   if (!parallel.stage_layers.empty()) return parallel.stage_layers;

@@ -386,27 +386,6 @@ std::string to_yaml(const Config& const_cfg) {
   return std::string(out.c_str()) + "\n";
 }
 
-void resolve_vocab(Config& cfg) {
-  if (cfg.model.vocab_size != 0) return;  // a negative value is left for validate() to name
-  const std::string meta = cfg.data.prefix + ".json";
-  std::ifstream in(meta);
-  if (!in) {
-    throw ConfigError(fmt::format(
-        "config error: model.vocab_size = 0 means 'take it from the dataset', but {} does not "
-        "exist. Fix: run `optcc data fetch` and `optcc data prepare --config {}` first, or set "
-        "model.vocab_size explicitly.",
-        meta, cfg.source_path.empty() ? "<config>" : cfg.source_path));
-  }
-  try {
-    auto j = nlohmann::json::parse(in);
-    cfg.model.vocab_size = j.at("vocab_size").get<int64_t>();
-  } catch (const std::exception& e) {
-    throw ConfigError(fmt::format("config error: cannot read vocab_size from {}: {}. Fix: re-run "
-                                  "`optcc data prepare`.",
-                                  meta, e.what()));
-  }
-}
-
 int64_t prepared_vocab_size(const std::string& prefix) {
   const std::string meta = prefix + ".json";
   std::ifstream in(meta);
@@ -414,9 +393,22 @@ int64_t prepared_vocab_size(const std::string& prefix) {
   try {
     return nlohmann::json::parse(in).at("vocab_size").get<int64_t>();
   } catch (const std::exception& e) {
-    throw ConfigError(fmt::format("data error: cannot read vocab_size from {}: {}. Fix: re-run `optcc data prepare`.",
+    throw ConfigError(fmt::format("config error: cannot read vocab_size from {}: {}. Fix: re-run "
+                                  "`optcc data prepare`.",
                                   meta, e.what()));
   }
+}
+
+void resolve_vocab(Config& cfg) {
+  if (cfg.model.vocab_size != 0) return;  // a negative value is left for validate() to name
+  if (!std::filesystem::exists(cfg.data.prefix + ".json")) {
+    throw ConfigError(fmt::format(
+        "config error: model.vocab_size = 0 means 'take it from the dataset', but {}.json does not "
+        "exist. Fix: run `optcc data fetch` and `optcc data prepare --config {}` first, or set "
+        "model.vocab_size explicitly.",
+        cfg.data.prefix, cfg.source_path.empty() ? "<config>" : cfg.source_path));
+  }
+  cfg.model.vocab_size = prepared_vocab_size(cfg.data.prefix);
 }
 
 void check_tokenizer_vocab(const Config& cfg, int64_t dataset_vocab_size) {

@@ -1,5 +1,7 @@
 #include "harness/records/run_info.h"
 
+#include "compat/torch_compat.h"  // torch_version()
+
 #include "optcc_git_rev.h"  // generated at build time (cmake/git_rev.cmake)
 
 #include <torch/torch.h>
@@ -22,11 +24,6 @@ std::string utc_timestamp() {
   char buf[32];
   std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
-}
-
-std::string torch_version() {
-  return std::to_string(TORCH_VERSION_MAJOR) + "." + std::to_string(TORCH_VERSION_MINOR) + "." +
-         std::to_string(TORCH_VERSION_PATCH);
 }
 
 std::map<std::string, std::string> run_attributes(const std::string& command_line) {

@@ -12,6 +12,5 @@ namespace optcc {
 std::map<std::string, std::string> run_attributes(const std::string& command_line);
 std::string hostname();
 std::string utc_timestamp();  // "2026-11-30T01:23:45Z"
-std::string torch_version();  // "1.13.1"
 
 }  // namespace optcc

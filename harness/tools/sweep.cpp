@@ -202,6 +202,7 @@ nlohmann::json sweep_json(const SweepPlan& plan) {
                      {"cpus_per_task", s.cpus_per_task}, {"time", s.time}, {"array_limit", array_limit},
                      {"mem", mem}, {"exclusive", s.exclusive}, {"gpus_per_task", s.gpus_per_task}}},
           {"needs_gpus", s.needs_gpus()},
+          {"gpus", s.needs_gpus() ? nlohmann::json(s.gpu_text()) : nlohmann::json()},
           {"build", {{"cuda", kBuiltWithCuda}, {"description", build_description()}}},
           {"runs", runs}};
 }

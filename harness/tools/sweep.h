@@ -18,10 +18,10 @@
 //   --json      {"experiment", "scale", "file", "kind", "feeds", "results_dir", "slurm": {nodes,
 //               tasks_per_node, gpus_per_node, cpus_per_task, time, array_limit (null = not set),
 //               mem (null = not set), exclusive, gpus_per_task}, "needs_gpus" (the slurm block asks
-//               for GPUs), "build": {"cuda" (kBuiltWithCuda), "description" (build_description())},
+//               for GPUs), "gpus" ("16 nodes x 8 GPUs", SlurmResources::gpu_text; null without), "build": {"cuda" (kBuiltWithCuda), "description" (build_description())},
 //               "runs": [{"index", "run", "kind", "axes": {axis: part}, "overrides", "results",
 //               "checkpoint_dir" ("" for a benchmark), "world_size", "args"}]}
-//               (slurm/submit reads needs_gpus and build from here instead of deriving them.)
+//               (slurm/submit reads needs_gpus, gpus and build from here instead of deriving them.)
 //   --index I   run I's args, one per line
 //   --check     first: a scale whose slurm block asks for GPUs is refused when this binary was built
 //               without CUDA (gpu_build_refusal; exit status 2, nothing else checked). Then every train

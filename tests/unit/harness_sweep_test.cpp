@@ -137,6 +137,7 @@ TEST_F(SweepTest, ListingJsonAndIndexAgree) {
                                                    "cpus_per_task": 1, "time": "00:10:00", "array_limit": null,
                                                    "mem": null, "exclusive": false, "gpus_per_task": 0})"));
   EXPECT_EQ(j["needs_gpus"], false);
+  EXPECT_TRUE(j["gpus"].is_null());
   EXPECT_EQ(j["build"], (nlohmann::json{{"cuda", kBuiltWithCuda}, {"description", build_description()}}));
   ASSERT_EQ(j["runs"].size(), 4u);
   o.json = false;
@@ -228,6 +229,7 @@ TEST_F(SweepTest, SlurmThrottleMemoryExclusiveAndGpusPerTask) {
                                                    "cpus_per_task": 4, "time": "48:00:00", "array_limit": 3,
                                                    "mem": null, "exclusive": true, "gpus_per_task": 8})"));
   EXPECT_EQ(j["needs_gpus"], true);
+  EXPECT_EQ(j["gpus"], "2 nodes x 8 GPUs");
   EXPECT_EQ(j["build"]["cuda"], kBuiltWithCuda);
   EXPECT_EQ(j["build"]["description"], build_description());
   // mem: a Slurm size; YAML's 0 and 480G are both scalars; exclusive may stay off when mem is given.
