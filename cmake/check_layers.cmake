@@ -12,7 +12,7 @@ set(ALLOW_datasets "compat")
 set(ALLOW_harness_records "compat")
 set(ALLOW_models "harness/parallel;kernels;compat")
 set(ALLOW_compression "harness/parallel;kernels;compat")
-set(ALLOW_harness_config "compression;models;datasets;compat")
+set(ALLOW_harness_config "compression;models;datasets;harness/parallel;compat")
 set(ALLOW_harness_train "harness/config;harness/records;harness/parallel;models;compression;datasets;kernels;compat")
 set(ALLOW_harness_tools "harness/train;${ALLOW_harness_train}")
 set(ALLOW_harness "harness/tools;${ALLOW_harness_tools}")   # main.cpp

@@ -7,6 +7,7 @@
 #include "compression/grad_reducer.h"
 #include "compression/options.h"
 #include "compat/torch_compat.h"
+#include "harness/parallel/device.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -74,17 +75,15 @@ void validate_model(const Config& c) {
                               "use 0.02 (Megatron's default)");
 }
 
-// What this build can run, checked first: a GPU config on a CPU build fails on that, whatever else it says.
+// What this build can run, checked first: a GPU config on a CPU build fails on that, whatever else it
+// says. The rules are resolve_placement's (harness/parallel/device.h), applied without knowing the
+// machine: a CUDA build is assumed to see one GPU per local rank here; train checks the real count
+// at start-up, before any group is made.
 void validate_backend(const Config& c) {
-  const auto& p = c.parallel;
-  if (p.backend != "gloo" && p.backend != "nccl") {
-    fail("parallel.backend", "'" + p.backend + "'", "must be gloo or nccl", "use gloo (CPU) or nccl (CUDA builds)");
-  }
-  if (p.backend == "nccl") {  // a CUDA build will take it once its NCCL path lands (kBuiltWithCuda)
-    fail("parallel.backend", "'nccl'",
-         "needs GPUs and optcc's CUDA/NCCL training path, which this binary does not have (" + build_description() +
-             (kBuiltWithCuda ? "; its NCCL training path is not written yet" : "") + ")",
-         "set parallel.backend: gloo to train on CPU ranks; NCCL needs optcc built against a CUDA LibTorch");
+  try {
+    resolve_placement(c.parallel.device, c.parallel.backend, 0, 1, kBuiltWithCuda ? 1 : 0, kBuiltWithCuda);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(e.what());
   }
 }
 

@@ -50,8 +50,12 @@ struct ParallelConfig {
   std::string schedule = "1f1b";     // pipeline schedule: 1f1b (Megatron, non-interleaved) | gpipe
   double timeout_seconds = 120.0;     // rendezvous and per-collective timeout, s; a dead rank ends
                                       // the run within this time
-  std::string backend = "gloo";       // c10d backend of every group: gloo (CPU tensors) | nccl (needs
-                                      // a CUDA build, compat/torch_compat.h kBuiltWithCuda)
+  std::string device = "auto";        // where tensors live: auto | cpu | cuda (cuda:LOCAL_RANK % GPUs);
+                                      // auto = cuda in a CUDA build that sees a GPU, else cpu
+  std::string backend = "auto";       // c10d backend of every group: auto | gloo | nccl; auto = nccl
+                                      // when each local rank has its own GPU, else gloo (Gloo carries
+                                      // CUDA tensors too). Rules: harness/parallel/device.h
+                                      // resolve_placement; cuda / nccl need a CUDA build
   template <class V> void visit(V&& v);
 };
 

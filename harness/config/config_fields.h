@@ -26,6 +26,7 @@ template <class V> void ParallelConfig::visit(V&& v) {
   v("stage_layers", stage_layers);
   v("schedule", schedule);
   v("timeout_seconds", timeout_seconds);
+  v("device", device);
   v("backend", backend);
 }
 

@@ -1,4 +1,5 @@
-// The accelerator side of the parallel layer: NCCL process groups and CUDA-event timing. Declared in
+// The accelerator side of the parallel layer: where a rank's tensors live (Placement), NCCL process
+// groups and CUDA-event timing. Placement is decided here in every build; the rest is declared in
 // every build; defined for real in device_cuda.cpp, which CMake compiles only when OPTCC_CUDA is on
 // (compat/torch_compat.h: kBuiltWithCuda), and by device_cpu.cpp otherwise, whose functions throw a
 // std::logic_error naming the build instead of attempting what it cannot run. Config validation
@@ -13,11 +14,50 @@
 #include <memory>
 #include <string>
 
+#include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include "compat/torch_compat.h"
 
 namespace optcc {
+
+/// Where one rank's tensors live (model, optimizer state, micro-batches, stage-link buffers,
+/// compressor state) and which c10d backend carries them: parallel.device and parallel.backend
+/// with "auto" decided.
+struct Placement {
+  c10::Device device = c10::Device(c10::DeviceType::CPU);  // cpu, or cuda:<GPU index on this node>
+  std::string backend = "gloo";                           // "gloo" | "nccl"
+  std::string decided;  // one line for the start-up log: what was chosen and why
+  bool on_gpu() const { return device.is_cuda(); }
+};
+
+/// Decides parallel.device (auto | cpu | cuda) and parallel.backend (auto | gloo | nccl) for the
+/// process with `local_rank` among `local_world_size` processes of its node, which sees
+/// `gpus_visible` GPUs, in a build that has CUDA or not. Pure, so its rules are tested in every
+/// build; this_rank_placement() feeds it the real build and GPU count. Rules:
+///   device auto  -> cuda when the build has CUDA and a GPU is visible, else cpu;
+///   device cuda  -> GPU local_rank % gpus_visible (several ranks may share a GPU);
+///   backend auto -> nccl when the device is cuda and every local rank has its own GPU, else gloo
+///                   (Gloo carries CUDA tensors through host memory; NCCL takes one rank per GPU).
+/// Throws std::invalid_argument naming the key, the value, the rule and the fix for an unknown
+/// value, cuda or nccl in a build without CUDA, cuda without a visible GPU, nccl on cpu, and nccl
+/// with more local ranks than GPUs.
+Placement resolve_placement(const std::string& device, const std::string& backend, int local_rank,
+                            int local_world_size, int gpus_visible, bool built_with_cuda);
+
+/// resolve_placement for this process: this build (kBuiltWithCuda) and cuda_device_count().
+Placement this_rank_placement(const std::string& device, const std::string& backend, int local_rank,
+                              int local_world_size);
+
+/// Makes `device` CUDA's current device in this process (ProcessGroupNCCL and CUDA work launched
+/// without an explicit device use it); nothing for a CPU device. Throws std::logic_error for a
+/// CUDA device in a build without CUDA.
+void use_device(const c10::Device& device);
+
+/// Blocks the host until every kernel and copy queued on `device` has finished; nothing on CPU.
+/// Host clocks read after it time the GPU's work, not its launch (the Communicator's and the
+/// step's seconds on CUDA).
+void synchronize(const c10::Device& device);
 
 /// A ProcessGroupNCCL over the ranks that share `store` under `prefix`, on GPU `device_index` of this
 /// process (its local rank on a node of several GPUs). `rank`/`size` are group ranks; every member

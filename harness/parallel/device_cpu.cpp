@@ -8,7 +8,7 @@ namespace optcc {
 namespace {
 [[noreturn]] void no_cuda(const char* what) {
   throw std::logic_error(std::string(what) + " needs optcc built with CUDA; this binary is " + build_description() +
-                         ". Fix: build against a CUDA LibTorch (OPTCC_CUDA on), or use parallel.backend: gloo on CPU");
+                         ". Fix: build against a CUDA LibTorch (OPTCC_CUDA on), or set parallel.device: cpu and parallel.backend: gloo");
 }
 }  // namespace
 
@@ -20,6 +20,10 @@ ProcessGroupPtr make_nccl_group(const c10::intrusive_ptr<c10d::Store>&, const st
 }
 
 int cuda_device_count() { return 0; }
+
+void use_device(const c10::Device& device) {
+  if (device.is_cuda()) no_cuda("a CUDA device");
+}
 
 DeviceTimer::DeviceTimer(int) { no_cuda("a CUDA event timer"); }
 DeviceTimer::~DeviceTimer() = default;

@@ -36,6 +36,10 @@ ProcessGroupPtr make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, co
 
 int cuda_device_count() { return static_cast<int>(c10::cuda::device_count()); }
 
+void use_device(const c10::Device& device) {
+  if (device.is_cuda()) c10::cuda::set_device(device.index());
+}
+
 struct DeviceTimer::Events {
   explicit Events(int device) : device(device) {}
   int device;

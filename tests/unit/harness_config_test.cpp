@@ -293,18 +293,31 @@ TEST(Config, DatasetOfAnotherTokenizerIsRefusedThoughItsIdsFit) {
   EXPECT_THROW(prepared_vocab_size(dir / "bad"), ConfigError);
 }
 
-// parallel.backend: gloo everywhere; nccl is refused by a build without CUDA (and, until the
-// device path lands, by every build), naming the build and the fix.
-TEST(Config, NcclBackendIsRefusedByABuildThatCannotRunIt) {
+// parallel.device / parallel.backend default to auto (cpu + gloo in a CPU build); cuda and nccl are
+// refused by a build without CUDA, naming the build and the fix, and accepted by a CUDA build
+// (the machine's GPUs are checked at start-up: PlacementTest in placement_test.cpp).
+TEST(Config, GpuSettingsAreRefusedByABuildThatCannotRunThem) {
   Config c;
-  EXPECT_EQ(c.parallel.backend, "gloo");
-  c.parallel.backend = "nccl";
-  const std::string msg = validate_error(c);
-  EXPECT_THAT(msg, AllOf(HasSubstr("parallel.backend = 'nccl'"), HasSubstr(build_description()),
-                         HasSubstr("set parallel.backend: gloo")));
-  if (!kBuiltWithCuda) EXPECT_THAT(msg, HasSubstr("CPU only (built without CUDA)"));
+  EXPECT_EQ(c.parallel.device, "auto");
+  EXPECT_EQ(c.parallel.backend, "auto");
+  EXPECT_EQ(validate_error(c), "");
+  for (const auto& [key, value] : {std::pair<std::string, std::string>{"backend", "nccl"}, {"device", "cuda"}}) {
+    Config g;
+    (key == "backend" ? g.parallel.backend : g.parallel.device) = value;
+    const std::string msg = validate_error(g);
+    if (kBuiltWithCuda) {
+      EXPECT_EQ(msg, "") << key;
+    } else {
+      EXPECT_THAT(msg, AllOf(HasSubstr("parallel." + key + " = '" + value + "'"),
+                             HasSubstr("LibTorch " + torch_version() + ", CPU only (built without CUDA)"),
+                             HasSubstr("set parallel.device: cpu and parallel.backend: gloo")));
+    }
+  }
   c.parallel.backend = "mpi";
-  EXPECT_THAT(validate_error(c), HasSubstr("parallel.backend = 'mpi': must be gloo or nccl"));
+  EXPECT_THAT(validate_error(c), HasSubstr("parallel.backend = 'mpi': must be auto, gloo or nccl"));
+  c.parallel.backend = "nccl";
+  c.parallel.device = "cpu";
+  EXPECT_THAT(validate_error(c), HasSubstr(kBuiltWithCuda ? "NCCL carries CUDA tensors only" : "CPU only"));
 }
 
 TEST(Config, TrainingRefusesADatasetBeyondTheModelVocabularyBeforeTheFirstStep) {
