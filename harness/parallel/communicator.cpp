@@ -12,6 +12,7 @@
 
 #include <algorithm>
 
+#include "harness/parallel/device.h"
 #include "harness/parallel/link_emulator.h"
 #include "harness/parallel/timeline.h"
 
@@ -87,9 +88,18 @@ void Communicator::record(Traffic cls, int64_t bytes, double seconds, double emu
   if (meter_) meter_->record(cls, link_, bytes, seconds, emulated_seconds);
 }
 
+void Communicator::settle() const {
+  if (backend_device_.is_cuda()) synchronize(backend_device_);
+}
+
+torch::Tensor Communicator::staged(const torch::Tensor& t) const {
+  return t.to(backend_device_).contiguous();
+}
+
 void Communicator::wait_work(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what) {
   try {
     if (!work->wait(timeout_)) throw std::runtime_error("timed out");
+    settle();  // NCCL's wait() only orders the caller's stream: the host waits for the GPU here
   } catch (const std::exception& e) {
     throw CommError(fmt::format("{} failed after at most {} ms: {}. A peer rank has probably failed or "
                                 "is stuck; see its own error.",
@@ -109,7 +119,15 @@ void Communicator::all_reduce(torch::Tensor& t, Traffic cls, bool max) {
     t.copy_(cast);
     return;
   }
+  if (t.device() != backend_device_) {  // host staging (Gloo) or to the rank's GPU (NCCL)
+    torch::NoGradGuard no_grad;
+    torch::Tensor w = staged(t);
+    all_reduce(w, cls, max);
+    t.copy_(w);
+    return;
+  }
   if (emu_ && skip_collective(cls)) return;  // network.skip: the local tensor stays
+  settle();
   const auto t0 = Clock::now();
   std::vector<torch::Tensor> ts{t};
   c10d::AllreduceOptions opts;
@@ -120,6 +138,8 @@ void Communicator::all_reduce(torch::Tensor& t, Traffic cls, bool max) {
 
 torch::Tensor Communicator::all_gather(const torch::Tensor& local, Traffic cls, int64_t dim) {
   if (size() == 1) return local;
+  if (local.device() != backend_device_) return all_gather(staged(local), cls, dim).to(local.device());
+  settle();
   const auto t0 = Clock::now();
   auto in = local.contiguous();
   std::vector<torch::Tensor> inputs{in};
@@ -139,6 +159,8 @@ torch::Tensor Communicator::reduce_scatter(const torch::Tensor& input, Traffic c
   TORCH_CHECK(input.size(0) % size() == 0, "reduce_scatter: dim 0 (", input.size(0),
               ") must be divisible by the group size ", size());
   if (size() == 1) return input;
+  if (input.device() != backend_device_) return reduce_scatter(staged(input), cls).to(input.device());
+  settle();
   const auto t0 = Clock::now();
   auto buf = input.contiguous().clone();
   std::vector<torch::Tensor> ts{buf};
@@ -152,7 +174,15 @@ torch::Tensor Communicator::reduce_scatter(const torch::Tensor& input, Traffic c
 
 void Communicator::broadcast(torch::Tensor& t, int root, Traffic cls) {
   if (size() == 1) return;
+  if (t.device() != backend_device_) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor w = staged(t);
+    broadcast(w, root, cls);
+    t.copy_(w);
+    return;
+  }
   if (emu_ && skip_collective(cls)) return;  // network.skip: the local tensor stays
+  settle();
   const auto t0 = Clock::now();
   std::vector<torch::Tensor> ts{t};
   c10d::BroadcastOptions opts;
@@ -171,8 +201,15 @@ CommHandle Communicator::post_p2p(bool is_send, torch::Tensor& t, int peer, Traf
   TORCH_CHECK(t.is_contiguous(), op, " needs a contiguous tensor");
   TORCH_CHECK(peer != rank_ && peer >= 0 && peer < size(), op, ": bad peer ", peer, " in group ", name_);
   TORCH_CHECK(tag >= 0 && tag < kHeaderTagOffset, op, ": tag ", tag, " outside [0, ", kHeaderTagOffset, ")");
-  std::vector<torch::Tensor> ts{t};
   CommHandle h;
+  torch::Tensor wire = t;
+  if (t.device() != backend_device_) {  // staged: a send copies now, a receive copies back in wait()
+    wire = is_send ? staged(t) : torch::empty(t.sizes(), t.options().device(backend_device_));
+    h.staged_ = wire;
+    if (!is_send) h.target_ = t;
+  }
+  std::vector<torch::Tensor> ts{wire};
+  settle();
   h.start_ = Clock::now();
   h.comm_ = this;
   h.what_ = describe(fmt::format("{} {} group rank {} (tag {})", op, is_send ? "to" : "from", peer, tag), nbytes(t));
@@ -204,6 +241,11 @@ void CommHandle::wait() {
   auto work = std::move(work_);
   work_.reset();
   if (work) comm_->wait_work(work, what_);
+  if (target_.defined()) {  // a staged receive lands on its tensor's device
+    torch::NoGradGuard no_grad;
+    target_.copy_(staged_);
+  }
+  staged_ = torch::Tensor(), target_ = torch::Tensor();
   for (auto* side : {&header_work_, &reply_work_}) {
     if (!*side) continue;
     auto w = std::move(*side);

@@ -2,7 +2,14 @@
 // through here (architecture.md §1), so bytes, calls and seconds are counted once, by traffic class
 // and link, where they go on the wire.
 //
-// Backends: ProcessGroupGloo on CPU; ProcessGroupNCCL when LibTorch has CUDA (issue 3 follow-up).
+// Backends: ProcessGroupGloo (CPU tensors) and ProcessGroupNCCL (tensors on the rank's GPU; CUDA
+// builds, harness/parallel/device.h). Each group knows the device its backend takes tensors on
+// (set_backend_device); a tensor elsewhere is staged: copied there, carried, and copied back into
+// the caller's tensor, so callers pass tensors where they live (model and messages on the GPU, control
+// scalars on the host) and Gloo carries CUDA tensors through host memory (several ranks on one GPU,
+// which NCCL refuses). Bytes are counted once, for what travels. On CUDA the host waits for the GPU
+// before an operation starts and after it completes, so seconds time the communication itself, as
+// on Gloo where the host waits for the network; compute and communication do not overlap here.
 // A group of one rank needs no process group: every operation is a no-op that records nothing.
 //
 // Byte accounting (per rank, what this rank sends under ring algorithms; optimus-cc-spec.md §9):
@@ -109,6 +116,8 @@ class CommHandle {
   c10::intrusive_ptr<c10d::Work> header_work_, reply_work_;
   torch::Tensor header_;         // int64 [2]: sender's post time, s_tx (ns, CLOCK_MONOTONIC)
   torch::Tensor reply_;          // int64 [1]: receiver's post time
+  torch::Tensor staged_;         // the message on the backend's device, when the caller's is elsewhere
+  torch::Tensor target_;         // a staged receive's own tensor, filled in wait()
 };
 
 class LinkEmulator;
@@ -152,6 +161,11 @@ class Communicator {
   /// copy keeps the group's sockets open after this Communicator is gone (tests/support/gloo_ranks.h).
   const ProcessGroupPtr& process_group() const { return pg_; }
 
+  /// The device this group's backend takes tensors on: CPU (Gloo, the default) or the rank's GPU
+  /// (NCCL). Set once, before the first operation (init_distributed does).
+  void set_backend_device(const c10::Device& device) { backend_device_ = device; }
+  const c10::Device& backend_device() const { return backend_device_; }
+
   /// Link emulation and skipping for this group (link_emulator.h); null (the default) = off.
   /// Set on every rank of the group alike, before the first operation; must outlive the group.
   void set_emulator(LinkEmulator* emulator) { emu_ = emulator; }
@@ -170,6 +184,8 @@ class Communicator {
  private:
   friend class CommHandle;
   void wait_work(const c10::intrusive_ptr<c10d::Work>& work, const std::string& what);
+  void settle() const;                                   // CUDA: wait for the GPU; CPU: nothing
+  torch::Tensor staged(const torch::Tensor& t) const;   // t on the backend's device (no copy if there)
   CommHandle post_p2p(bool is_send, torch::Tensor& t, int peer, Traffic cls, int tag);
   void record(Traffic cls, int64_t bytes, double seconds, double emulated_seconds = 0.0);
   // communicator_emulation.cpp: emulation, skipping and timeline events of each operation.
@@ -192,6 +208,7 @@ class Communicator {
   std::chrono::milliseconds timeout_;
   std::array<torch::ScalarType, kNumTraffic> wire_dtype_{};  // kByte (0) = no cast
   LinkEmulator* emu_ = nullptr;
+  c10::Device backend_device_ = c10::Device(c10::DeviceType::CPU);
 };
 
 }  // namespace optcc

@@ -40,12 +40,12 @@ bool Communicator::skip_collective(Traffic cls) {
 }
 
 int64_t Communicator::agree_max(int64_t value) {
-  auto t = torch::tensor({value}, torch::kLong);
+  auto t = staged(torch::tensor({value}, torch::kLong));
   std::vector<torch::Tensor> ts{t};
   c10d::AllreduceOptions opts;
   opts.reduceOp = c10d::ReduceOp::MAX;
   wait_work(pg_->allreduce(ts, opts), describe("link emulation: start agreement (all_reduce max)", 8));
-  return t.item<int64_t>();
+  return t.item<int64_t>();  // .item() copies to the host
 }
 
 double Communicator::emulate_collective(Traffic cls, CollectiveKind kind, int64_t tensor_bytes, int64_t sent_bytes,
@@ -84,9 +84,10 @@ void Communicator::post_header(CommHandle& h, int tag) {
   const int64_t origin = Timeline::active() ? Timeline::active()->origin_ns() : 0;
   std::vector<torch::Tensor> header{torch::full({2}, post - origin, torch::kLong)};
   std::vector<torch::Tensor> reply{torch::full({1}, post - origin, torch::kLong)};
+  if (h.is_send_ && emulated) header[0][1] = emu_->p2p_send_start(ranks_[rank_], ranks_[h.peer_], h.payload_bytes_, post);
+  header[0] = staged(header[0]), reply[0] = staged(reply[0]);  // NCCL: on the rank's GPU
   h.header_ = header[0], h.reply_ = reply[0];
   if (h.is_send_) {
-    if (emulated) h.header_[1] = emu_->p2p_send_start(ranks_[rank_], ranks_[h.peer_], h.payload_bytes_, post);
     h.header_work_ = pg_->send(header, h.peer_, tag + kHeaderTagOffset);
     h.reply_work_ = pg_->recv(reply, h.peer_, tag + 2 * kHeaderTagOffset);
   } else {
@@ -100,6 +101,7 @@ void Communicator::finish_p2p(CommHandle& h) {
   int64_t event_start = post;
   double emulated = 0.0;
   if (h.header_.defined()) {
+    h.header_ = h.header_.cpu(), h.reply_ = h.reply_.cpu();  // read on the host (no copy there)
     const int64_t send_start = h.header_.data_ptr<int64_t>()[1];
     if (Timeline* tl = Timeline::active()) {  // waiting for the peer to post is not transfer
       event_start = tl->origin_ns() + std::max(h.header_.data_ptr<int64_t>()[0], h.reply_.data_ptr<int64_t>()[0]);

@@ -15,6 +15,8 @@
 #include <fmt/ranges.h>
 
 #include <map>
+
+#include "harness/parallel/device.h"
 #include <thread>
 
 extern char** environ;
@@ -26,15 +28,28 @@ std::string group_name(const char* kind, const std::vector<int>& members) {
   return fmt::format("{}[{}]", kind, fmt::join(members, ","));
 }
 
+// One group of the run's backend (d.placement): Gloo, or NCCL on the rank's GPU.
+std::unique_ptr<Communicator> make_communicator(Distributed& d, const std::vector<int>& members, int me,
+                                                const std::string& name, std::chrono::milliseconds timeout) {
+  const bool nccl = d.placement.backend == "nccl";
+  const int n = static_cast<int>(members.size());
+  ProcessGroupPtr pg;
+  if (n > 1) {
+    pg = nccl ? make_nccl_group(d.store, name, me, n, d.placement.device.index(), timeout)
+              : make_gloo_group(d.store, name, me, n, timeout);
+  }
+  auto c = std::make_unique<Communicator>(pg, members, d.rank(), name, d.layout.group_link(members), &d.meter, timeout);
+  if (nccl) c->set_backend_device(d.placement.device);
+  return c;
+}
+
 std::unique_ptr<Communicator> make_group(Distributed& d, GroupKind kind, std::chrono::milliseconds timeout) {
   const std::vector<int> members = d.layout.group(kind, d.rank());
   if (members.empty()) return nullptr;  // e.g. embedding groups on middle stages
   const std::string name = group_name(std::string(group_kind_name(kind)).c_str(), members);
   int me = 0;
   while (members[me] != d.rank()) ++me;
-  ProcessGroupPtr pg;
-  if (members.size() > 1) pg = make_gloo_group(d.store, name, me, static_cast<int>(members.size()), timeout);
-  return std::make_unique<Communicator>(pg, members, d.rank(), name, d.layout.group_link(members), &d.meter, timeout);
+  return make_communicator(d, members, me, name, timeout);
 }
 
 std::string describe_status(int status) {
@@ -47,9 +62,10 @@ std::string describe_status(int status) {
 
 std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int ranks_per_node, const LaunchEnv& env,
                                               std::chrono::milliseconds timeout,
-                                              c10::intrusive_ptr<c10d::Store> store) {
+                                              c10::intrusive_ptr<c10d::Store> store, Placement placement) {
   dims.validate(env.world_size);
-  auto d = std::unique_ptr<Distributed>(new Distributed{env, RankLayout(dims, ranks_per_node), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}});
+  auto d = std::unique_ptr<Distributed>(new Distributed{env, RankLayout(dims, ranks_per_node), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}});
+  d->placement = std::move(placement);
   c10d::TCPStoreOptions opts;
   use_classic_tcpstore(opts);  // compat/torch_compat.h: LibTorch 2.x's libuv default
   opts.port = static_cast<uint16_t>(env.master_port);
@@ -76,9 +92,7 @@ std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int rank
   }
   std::vector<int> all(env.world_size);
   for (int i = 0; i < env.world_size; ++i) all[i] = i;
-  ProcessGroupPtr world_pg;
-  if (env.world_size > 1) world_pg = make_gloo_group(d->store, "world", env.rank, env.world_size, timeout);
-  d->world = std::make_unique<Communicator>(world_pg, all, env.rank, "world", d->layout.group_link(all), &d->meter, timeout);
+  d->world = make_communicator(*d, all, env.rank, "world", timeout);
   d->tp = make_group(*d, GroupKind::kTensorParallel, timeout);
   d->dp = make_group(*d, GroupKind::kDataParallel, timeout);
   d->pp = make_group(*d, GroupKind::kPipelineParallel, timeout);

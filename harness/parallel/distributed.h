@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "harness/parallel/communicator.h"
+#include "harness/parallel/device.h"
 #include "harness/parallel/launch_env.h"
 #include "harness/parallel/layout.h"
 #include "harness/parallel/link_emulator.h"
@@ -25,6 +26,7 @@ struct Distributed {
   std::unique_ptr<Communicator> world, tp, dp, pp, model_parallel, embedding, fused_embedding;
   std::vector<std::string> hosts;  // host of every rank (exchanged through the store at start-up)
   std::unique_ptr<LinkEmulator> network;  // link emulation / skipping; null when off (network_setup.h)
+  Placement placement;  // this rank's device and the groups' backend (device.h); CPU + Gloo by default
   int rank() const { return env.rank; }
   RankCoord coord() const { return layout.coord(env.rank); }
 };
@@ -35,9 +37,11 @@ struct Distributed {
 /// std::invalid_argument when dims.world() != env.world_size (naming both).
 /// `store`: use this store instead of a TCPStore (tests: ranks as threads sharing a HashStore).
 /// A world of one rank needs no store and creates no process group.
+/// `placement`: the rank's device and the backend of every group (resolve_placement); with NCCL
+/// every group is a ProcessGroupNCCL on placement.device (a CUDA build's), else Gloo.
 std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int ranks_per_node, const LaunchEnv& env,
                                               std::chrono::milliseconds timeout,
-                                              c10::intrusive_ptr<c10d::Store> store = {});
+                                              c10::intrusive_ptr<c10d::Store> store = {}, Placement placement = {});
 
 /// The start-up table: rank -> (tp, dp, pp) -> node -> host, one line per rank.
 std::string rank_table(const Distributed& d);

@@ -30,8 +30,15 @@ int run_comm_check(const Config& cfg, const CommCheckOptions& options) {
   const int per_node = cfg.parallel.ranks_per_node > 0 ? static_cast<int>(cfg.parallel.ranks_per_node)
                                                        : env.local_world_size;
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000));
-  auto d = init_distributed(dims, per_node, env, timeout);
-  if (env.rank == 0 && !options.quiet) spdlog::info("layout ({} launcher):\n{}", env.source, rank_table(*d));
+  // The run's own backend (NCCL groups on GPUs); the checks' host tensors are staged to it.
+  Placement placement = this_rank_placement(cfg.parallel.device, cfg.parallel.backend, env.local_rank,
+                                            env.local_world_size);
+  use_device(placement.device);
+  const std::string decided = placement.decided;
+  auto d = init_distributed(dims, per_node, env, timeout, {}, std::move(placement));
+  if (env.rank == 0 && !options.quiet) {
+    spdlog::info("layout ({} launcher; {}):\n{}", env.source, decided, rank_table(*d));
+  }
   if (env.rank == options.die_rank) raise(SIGKILL);
 
   check_group(d->world.get(), "world", env.rank);
