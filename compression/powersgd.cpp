@@ -241,6 +241,10 @@ void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp
   torch::NoGradGuard no_grad;
   bind_tensors(grads);  // the same list as the state's, before anything changes
   ensure_state(grads.size());
+  for (size_t i = 0; i < grads.size(); ++i) {  // state read from a checkpoint is on the host (checkpoint.h)
+    if (ef_[i].defined() && ef_[i].device() != grads[i].device()) ef_[i] = ef_[i].to(grads[i].device());
+    if (q_[i].defined() && q_[i].device() != grads[i].device()) q_[i] = q_[i].to(grads[i].device());
+  }
   if (step < opt_.warmup_steps) {  // 0. warm-up: the baseline, state untouched
     NoneReducer none;
     none.set_tensor_names(names_);

@@ -28,10 +28,13 @@ torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
   return p > 0 ? F::dropout(x, F::DropoutFuncOptions().p(p).training(training)) : x;
 }
 
-// Dropout with an explicit generator: keep with probability 1 - p, scale by 1 / (1 - p).
+// Dropout with an explicit generator: keep with probability 1 - p, scale by 1 / (1 - p). The
+// generator is a CPU one (the same masks on every device and TP layout): on a GPU the mask is
+// drawn on the host and copied.
 torch::Tensor dropout_with(const torch::Tensor& x, double p, bool training, at::Generator& gen) {
   if (!(p > 0) || !training) return x;
-  auto keep = torch::empty_like(x).bernoulli_(1.0 - p, gen);
+  auto keep = x.is_cpu() ? torch::empty_like(x).bernoulli_(1.0 - p, gen)
+                         : torch::empty(x.sizes(), x.options().device(torch::kCPU)).bernoulli_(1.0 - p, gen).to(x.device());
   return x * keep * (1.0 / (1.0 - p));
 }
 
@@ -56,7 +59,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto qkv3 = qkv(x).view({s, b, local_heads_, 3, head_dim_}).permute({3, 1, 2, 0, 4}).unbind(0);
   auto q = qkv3[0] * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
   auto scores = gemm_bmm(q, qkv3[1].transpose(-2, -1));  // [b, heads/t, s, s]
-  const auto& mask = s == causal_mask_.size(0) ? causal_mask_ : torch::ones({s, s}, torch::kBool).triu(1);
+  if (causal_mask_.device() != x.device()) causal_mask_ = causal_mask_.to(x.device());  // not a buffer: moved once here
+  const auto mask = s == causal_mask_.size(0) ? causal_mask_
+                                              : torch::ones({s, s}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
   scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
   auto probs = dropout_with(torch::softmax(scores, -1), dropout_, is_training(), rng_);
   auto ctx = gemm_bmm(probs, qkv3[2]);                                          // [b, heads/t, s, hd]

@@ -151,7 +151,7 @@ namespace {
 torch::serialize::InputArchive open_archive(const std::string& file) {
   torch::serialize::InputArchive ar;
   try {
-    ar.load_from(file);
+    ar.load_from(file, torch::Device(torch::kCPU));  // device-agnostic (checkpoint.h)
   } catch (const c10::Error& e) {
     throw std::runtime_error(fmt::format("checkpoint: cannot read {}: {}", file, e.what_without_backtrace()));
   }
@@ -253,6 +253,20 @@ void load_parts(torch::serialize::InputArchive& ar, const std::string& file, con
 
 }  // namespace
 
+// The optimizer's state was read on the host: its tensors go to the parameters' device (one per rank).
+static void place_optimizer_state(torch::optim::Optimizer& optimizer, torch::nn::Module& model) {
+  const auto params = model.parameters();
+  if (params.empty() || params[0].is_cpu()) return;
+  const torch::Device device = params[0].device();
+  for (auto& entry : optimizer.state()) {
+    auto* s = dynamic_cast<torch::optim::AdamWParamState*>(entry.second.get());
+    TORCH_CHECK(s, "checkpoint: only AdamW's state can be placed on ", device.str());
+    s->exp_avg(s->exp_avg().to(device));
+    s->exp_avg_sq(s->exp_avg_sq().to(device));
+    if (s->max_exp_avg_sq().defined()) s->max_exp_avg_sq(s->max_exp_avg_sq().to(device));
+  }
+}
+
 TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
                            const std::map<std::string, at::Generator>& generators,
@@ -271,6 +285,7 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
   torch::serialize::InputArchive opt_ar;
   ar.read("optimizer", opt_ar);
   optimizer.load(opt_ar);
+  place_optimizer_state(optimizer, model);
   load_generators(ar, file, generators);
   load_parts(ar, file, parts);
   return TrainState{read_scalar(ar, "meta/step"), read_scalar(ar, "meta/consumed_samples")};
@@ -284,7 +299,7 @@ std::optional<torch::Tensor> read_checkpoint_tensor(const std::string& ckpt, int
   if (!fs::exists(file)) return std::nullopt;
   try {
     torch::serialize::InputArchive ar, sub;
-    ar.load_from(file);
+    ar.load_from(file, torch::Device(torch::kCPU));
     ar.read("state/" + name, sub);
     torch::Tensor t;
     sub.read(key, t);

@@ -4,6 +4,10 @@
 // Layout: <dir>/iter_0000100/rank_00000.pt and <dir>/latest (text: "iter_0000100"), the latter
 // replaced atomically after every rank's file is in place. Resuming restores everything needed
 // for bit-identical continuation on CPU (same layout and thread count).
+// Files are device-agnostic: every tensor is read onto the host, whatever device wrote it, and
+// loading places the model's and the optimizer's tensors on the device of the model's parameters
+// (a GPU run's checkpoint is evaluated on CPU ranks, and resumed on another GPU index);
+// compressor parts move their state to the gradients' device on first use.
 #pragma once
 
 #include <torch/torch.h>

@@ -8,6 +8,7 @@
 
 #include "harness/train/optimizer.h"
 #include "harness/parallel/allocator.h"
+#include "harness/parallel/device.h"
 #include "harness/parallel/threads.h"
 #include "harness/train/trainer.h"
 #include "kernels/gemm.h"
@@ -36,23 +37,26 @@ std::vector<std::array<int64_t, 3>> model_gemm_shapes(const GptOptions& o, int64
 
 // GFLOP/s of `lib` over `shapes` (each m x k times the transpose of an [n, k] weight): total FLOPs
 // over the median time of 5 passes through all shapes, after one untimed pass.
-double gemm_gflops(GemmLibrary lib, const std::vector<std::array<int64_t, 3>>& shapes) {
+double gemm_gflops(GemmLibrary lib, const std::vector<std::array<int64_t, 3>>& shapes, const torch::Device& device) {
   std::vector<torch::Tensor> xs, ws, ys;
   double flops = 0;
+  const auto on = torch::TensorOptions().dtype(torch::kFloat).device(device);
   for (const auto& [m, k, n] : shapes) {
-    xs.push_back(torch::randn({m, k}));
-    ws.push_back(torch::randn({n, k}));
-    ys.push_back(torch::empty({m, n}));
+    xs.push_back(torch::randn({m, k}, on));
+    ws.push_back(torch::randn({n, k}, on));
+    ys.push_back(torch::empty({m, n}, on));
     flops += 2.0 * double(m) * double(k) * double(n);
   }
   auto pass = [&] {
     for (size_t i = 0; i < shapes.size(); ++i) mm_f32_out_with(lib, ys[i], xs[i], ws[i].t());
   };
   pass();
+  synchronize(device);
   std::vector<double> times;
   for (int i = 0; i < 5; ++i) {
     auto t0 = Clock::now();
     pass();
+    synchronize(device);
     times.push_back(seconds_since(t0));
   }
   return flops / median(times) / 1e9;
@@ -73,15 +77,21 @@ StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t th
   r.threads = threads > 0 ? threads : threads_for(cfg);
   set_cpu_threads(r.threads);
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
+  // One process: parallel.device decides (auto: this build's GPU if it sees one); no groups are made.
+  const Placement placement = this_rank_placement(cfg.parallel.device, "auto", 0, 1);
+  use_device(placement.device);
+  r.device = placement.device.str();
 
   const GptOptions o = gpt_options(cfg);
   GptModel model(o);
+  model->to(placement.device);
   model->train();
   auto optimizer = make_adamw(*model, cfg.train);
   const auto params = model->parameters();
   // All data-parallel replicas' micro-batches run here, so FLOPs cover the global batch.
   const int64_t micro_batches = cfg.train.global_batch_size / cfg.train.micro_batch_size;
-  auto batch = torch::randint(0, o.vocab_size, {cfg.train.micro_batch_size, o.seq_len + 1}, torch::kLong);
+  auto batch = torch::randint(0, o.vocab_size, {cfg.train.micro_batch_size, o.seq_len + 1}, torch::kLong)
+                   .to(placement.device);
 
   std::vector<double> times;
   for (int64_t i = 0; i < warmup + steps; ++i) {
@@ -90,15 +100,18 @@ StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t th
     for (int64_t m = 0; m < micro_batches; ++m) (model->loss(batch) / static_cast<double>(micro_batches)).backward();
     clip_grad_global_norm(params, cfg.train.clip_grad);
     optimizer->step();
+    synchronize(placement.device);  // CUDA: the step is over when the GPU is done
     if (i >= warmup) times.push_back(seconds_since(t0));
   }
   r.step_seconds = median(times);
   r.tokens_per_second = cfg.train.global_batch_size * o.seq_len / r.step_seconds;
   r.model_gflops = gpt_train_flops(o, cfg.train.global_batch_size) / r.step_seconds / 1e9;
-  r.linear_library = gemm_library();
+  r.linear_library = placement.on_gpu() ? "ATen (CUDA)" : gemm_library();
   r.allocator = cpu_allocator();
-  for (GemmLibrary lib : gemm_libraries()) {
-    const double g = gemm_gflops(lib, model_gemm_shapes(o, cfg.train.micro_batch_size));
+  // On a GPU only ATen runs the GEMMs (oneDNN and the thin kernels are CPU libraries).
+  const auto libraries = placement.on_gpu() ? std::vector<GemmLibrary>{GemmLibrary::kAten} : gemm_libraries();
+  for (GemmLibrary lib : libraries) {
+    const double g = gemm_gflops(lib, model_gemm_shapes(o, cfg.train.micro_batch_size), placement.device);
     r.gemm.push_back({gemm_library_name(lib), g});
     if (g > r.gemm_gflops) r.gemm_gflops = g, r.gemm_library = gemm_library_name(lib);
   }

@@ -24,11 +24,14 @@ struct StepBenchResult {
   std::string allocator;         // the heap allocator (harness/parallel/allocator.h cpu_allocator())
   double ratio = 0;              // model_gflops / gemm_gflops; near 1 = GEMM-bound at full speed
   int64_t threads = 0;
+  std::string device;            // where the step ran: "cpu" or "cuda:0" (parallel.device)
 };
 
 /// Runs `warmup` untimed and `steps` timed training steps of `cfg` on random tokens (no data files
 /// needed; model.vocab_size 0 falls back to the dataset's, then to data.vocab_size). Sets the
-/// intra-op thread count to `threads` (0 = cfg's). Single process; all ranks' work in one.
+/// intra-op thread count to `threads` (0 = cfg's). Single process; all ranks' work in one, on
+/// parallel.device (device.h's rules for one process; GEMM rates are measured on the same device,
+/// ATen only on a GPU).
 StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t threads);
 
 }  // namespace optcc

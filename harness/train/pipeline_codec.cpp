@@ -125,6 +125,7 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
             "pipeline codec: the LEP buffer holds {} elements but this slice has {} (the message "
             "size changed between sends; LEP needs one slice size)", err->numel(), x.numel()));
       }
+      if (err->device() != x.device()) *err = err->to(x.device());  // read from a checkpoint on the host
       carried = lep_ == LepMode::kLazyDecay && decay_ != 1.0 ? *err * decay_ : *err;
       carried_age = static_cast<int>(iteration_ - lep_made_at_[key]);
       x = x + carried;  // never modifies the caller's tensor

@@ -27,10 +27,12 @@ ScChoice calibrate_sc_auto(const Config& cfg, Distributed& d, GptModel& model, c
   const torch::Tensor attention_state = model->attention_generator().get_state();
   fn.batches.clear();
   if (model->stage().is_first || model->stage().is_last) {
-    BatchLoader calib(data.train, cfg.model.seq_len, cfg.train.micro_batch_size, coord.dp, cfg.parallel.dp, 0);
+    BatchLoader calib(data.train, cfg.model.seq_len, cfg.train.micro_batch_size, coord.dp, cfg.parallel.dp, 0,
+                      d.placement.device);
     for (int64_t i = 0; i < m; ++i) fn.batches.push_back(calib.next());
   }
-  StageLink plain(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape});
+  StageLink plain(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape},
+                  torch::TensorOptions().dtype(torch::kFloat).device(d.placement.device));
   auto params = model->parameters();
   for (auto& p : params) p.mutable_grad() = torch::Tensor();
   d.world->barrier();

@@ -60,7 +60,8 @@ std::string format_eta(double seconds) {
 double validation_loss(GptModel& model, const Config& c, Distributed& d, const PipelineCodec& codec,
                 const std::vector<int64_t>& act_shape, const data::GptDataset* valid) {
   torch::NoGradGuard no_grad;
-  StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape}, torch::kFloat, codec.fork());
+  StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape},
+                 torch::TensorOptions().dtype(torch::kFloat).device(d.placement.device), codec.fork());
   auto cpu_gen = at::detail::getDefaultCPUGenerator();
   const torch::Tensor cpu_state = cpu_gen.get_state(), attention_state = model->attention_generator().get_state();
   model->eval();
@@ -68,7 +69,7 @@ double validation_loss(GptModel& model, const Config& c, Distributed& d, const P
   std::unique_ptr<BatchLoader> loader;
   if (valid && (st.is_first || st.is_last)) {
     loader = std::make_unique<BatchLoader>(std::shared_ptr<const data::GptDataset>(valid, [](auto*) {}), c.model.seq_len,
-                                           c.train.micro_batch_size, d.coord().dp, c.parallel.dp);
+                                           c.train.micro_batch_size, d.coord().dp, c.parallel.dp, 0, d.placement.device);
   }
   double sum = 0.0;
   for (int mb = 0; mb < c.train.eval_iters; ++mb) {
@@ -131,9 +132,14 @@ TrainSummary run_training(Config cfg, const TrainOptions& options) {
   const ParallelDims dims{static_cast<int>(cfg.parallel.tp), static_cast<int>(cfg.parallel.pp),
                           static_cast<int>(cfg.parallel.dp)};
   cfg.validate_layout(env.world_size);
+  // parallel.device / backend against this machine's GPUs (device.h), before any group is made.
+  Placement placement = this_rank_placement(cfg.parallel.device, cfg.parallel.backend, env.local_rank,
+                                            env.local_world_size);
+  use_device(placement.device);  // the rank's GPU becomes CUDA's current device (NCCL binds to it)
   const int per_node = cfg.parallel.ranks_per_node > 0 ? static_cast<int>(cfg.parallel.ranks_per_node) : env.local_world_size;
   auto dist = init_distributed(dims, per_node, env,
-                               std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000)));
+                               std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000)),
+                               {}, std::move(placement));
   return run_training(std::move(cfg), options, *dist);
 }
 
@@ -210,7 +216,8 @@ void Trainer::set_up() {
 
 void Trainer::build_model_and_optimizer() {
   data_ = open_data(cfg_);  // every rank: middle stages need the split sizes only
-  model_ = GptModel(gpt_options(cfg_), d_.tp.get(), range_);
+  model_ = GptModel(gpt_options(cfg_), d_.tp.get(), range_);  // drawn on the host: the same weights on every device
+  model_->to(d_.placement.device);
   model_->train();
   optimizer_ = make_adamw(*model_, cfg_.train);
   lr_ = LrSchedule::from(cfg_.train);
@@ -228,8 +235,8 @@ void Trainer::build_pipeline() {
       parse_backward_phases(comp.backward_phases), parse_lep_mode(comp.lep), comp.lep_decay);
   codec_->enable_orthogonality_check(cfg_.log.lep_orthogonality && range_.is_last && stages_ > 1);
   codec_->enable_lep_diagnostics(cfg_.log.lep_diagnostics && !range_.is_first);  // the stages that send backward
-  link_ = std::make_unique<StageLink>(*d_.pp, d_.tp.get(), StageLinkShapes{act_shape_, act_shape_}, torch::kFloat,
-                                      codec_);
+  link_ = std::make_unique<StageLink>(*d_.pp, d_.tp.get(), StageLinkShapes{act_shape_, act_shape_},
+                                      torch::TensorOptions().dtype(torch::kFloat).device(d_.placement.device), codec_);
   if (comp.tp.name != "none" && d_.tp) {  // before SC's calibration step and evaluation (TP all-reduces)
     d_.tp->set_all_reduce_wire_dtype(Traffic::kTensorParallel, comp.tp.name == "fp16" ? torch::kHalf : torch::kBFloat16);
   }
@@ -324,7 +331,7 @@ void Trainer::build_records() {
   sc_stages_ = sc_stages_text(cfg_, sc_compress_);
   if (range_.is_first || range_.is_last) {  // the stages that load micro-batches
     loader_ = std::make_unique<BatchLoader>(data_.train, cfg_.model.seq_len, cfg_.train.micro_batch_size, coord_.dp,
-                                            cfg_.parallel.dp, state_.consumed_samples);
+                                            cfg_.parallel.dp, state_.consumed_samples, d_.placement.device);
   }
   summary_.first_step = state_.step;
   if (writer_) {
@@ -375,10 +382,12 @@ void Trainer::log_start() const {
                cfg_.model.vocab_size, cfg_.padded_vocab_size(), cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.dp,
                stage_layers_text(cfg_));
   if (d_.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d_.env.source, rank_table(d_));
+  if (!d_.placement.decided.empty()) spdlog::info("placement (rank 0): {}", d_.placement.decided);
   spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}, fp32 "
                "GEMMs: {}, heap: {}; results -> {}",
                cfg_.train.train_steps, cfg_.train.global_batch_size, m_, cfg_.train.micro_batch_size,
-               at::get_num_threads(), gemm_library(), cpu_allocator(), summary_.results_path);
+               at::get_num_threads(), d_.placement.on_gpu() ? "ATen (CUDA)" : gemm_library(), cpu_allocator(),
+               summary_.results_path);
   // The backward phases and the LEP variant only act on compressed backward sends: name them then.
   const std::string lep = comp.lep == "lazy_decay" ? fmt::format("lazy_decay {}", comp.lep_decay) : comp.lep;
   const std::string bwd_how =
@@ -457,6 +466,7 @@ Trainer::StepResult Trainer::step() {
                                          "train.lr or raise train.warmup_steps.",
                                          r.loss, state_.step));
   }
+  synchronize(d_.placement.device);  // CUDA: the step ends when the GPU has finished it
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   step_event.reset();
   record_step(r, pipe.seconds, activations_peak);
