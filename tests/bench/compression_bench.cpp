@@ -1,5 +1,15 @@
 // bench_compression: single-thread CPU cost of every optcc compressor (Google Benchmark).
 //
+// Device: OPTCC_BENCH_DEVICE=cuda puts every benchmark's tensors on cuda:0 (same values: drawn on
+// the CPU from the same seeds, then copied), waits for the GPU (torch::cuda::synchronize) before
+// each timed iteration ends and reports wall time (UseRealTime); the memory bandwidth and
+// sgemm_1024 context lines are then the GPU's, timed the same way. On CUDA only the ATen path of
+// the low-rank products applies (thin and mm_f32_out are CPU kernels that hand CUDA tensors to
+// ATen), so gemm/ registers `aten` and `fill` only; int8, int4 and topk encode/decode and the
+// element-wise reducers run their CPU loops through host copies (as in a CUDA run). Without a
+// usable GPU every benchmark is skipped with the reason and the program exits 1. Unset (or cpu):
+// the CPU benchmarks below, unchanged.
+//
 // Setup: one thread everywhere (LibTorch intra-op and OpenMP, OpenBLAS's own pool, oneDNN),
 // fp32, inputs from a fixed seed (randn). Times are the main thread's CPU time (Google
 // Benchmark's default; every computation runs on that thread), so a busy machine inflates them
@@ -101,6 +111,7 @@
 #include <benchmark/benchmark.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
+#include <torch/cuda.h>
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
 
@@ -108,6 +119,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <map>
@@ -128,6 +140,19 @@
 namespace {
 
 double g_bandwidth_bytes_per_s = 0.0;  // set in main() before any benchmark
+
+// OPTCC_BENCH_DEVICE (file header), set in main() before anything else.
+bool g_cuda = false;                     // OPTCC_BENCH_DEVICE=cuda
+torch::Device g_device = torch::kCPU;    // where the benchmarks' tensors live
+std::string g_device_error;              // non-empty: every benchmark is skipped with it
+
+/// GPU work is asynchronous: wait for it before a timed iteration ends. Nothing on the CPU.
+void device_sync() {
+  if (g_cuda) torch::cuda::synchronize();
+}
+
+/// The same tensor on the benchmark device (`t` itself on the CPU).
+torch::Tensor on_device(const torch::Tensor& t) { return g_cuda ? t.to(g_device) : t; }
 
 constexpr int64_t kPaddedVocab = 8064;  // 8000-token tokenizer padded to a multiple of 128
 const std::vector<std::pair<int64_t, int64_t>> kFig14 = {{1024, 1920}, {1024, 3072}, {2048, 12288}};
@@ -152,7 +177,7 @@ const torch::Tensor& random_matrix(int64_t rows, int64_t cols) {
   auto& t = cache[{rows, cols}];
   if (!t.defined()) {
     auto gen = at::detail::createCPUGenerator(1234);
-    t = torch::randn({rows, cols}, gen, torch::kFloat);
+    t = on_device(torch::randn({rows, cols}, gen, torch::kFloat));
   }
   return t;
 }
@@ -176,17 +201,28 @@ void set_counters(benchmark::State& state, double input_bytes, double touch_byte
 
 constexpr int64_t kCopyFloats = 256LL * 1024 * 1024 / 4;
 
-/// Median over `reps` copies of 256 MiB of (read + write bytes) / CPU seconds.
+/// Seconds for main()'s context measurements: the main thread's CPU time, or wall time on CUDA
+/// (the CPU thread only waits there).
+double timer_seconds() {
+  if (g_cuda) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  return thread_cpu_seconds();
+}
+
+/// Median over `reps` copies of 256 MiB of (read + write bytes) / CPU seconds (CUDA: wall seconds).
 double measure_bandwidth(int reps) {
   torch::NoGradGuard no_grad;
-  auto src = torch::rand({kCopyFloats}, torch::kFloat);
-  auto dst = torch::empty({kCopyFloats}, torch::kFloat);
+  auto src = on_device(torch::rand({kCopyFloats}, torch::kFloat));
+  auto dst = torch::empty({kCopyFloats}, torch::dtype(torch::kFloat).device(g_device));
   dst.copy_(src);  // fault pages in
+  device_sync();
   std::vector<double> rates;
   for (int i = 0; i < reps; ++i) {
-    const double t0 = thread_cpu_seconds();
+    const double t0 = timer_seconds();
     dst.copy_(src);
-    rates.push_back(2.0 * kCopyFloats * 4 / (thread_cpu_seconds() - t0));
+    device_sync();
+    rates.push_back(2.0 * kCopyFloats * 4 / (timer_seconds() - t0));
   }
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2];
@@ -194,11 +230,13 @@ double measure_bandwidth(int reps) {
 
 void bm_copy(benchmark::State& state) {
   torch::NoGradGuard no_grad;
-  auto src = torch::rand({kCopyFloats}, torch::kFloat);
-  auto dst = torch::empty({kCopyFloats}, torch::kFloat);
+  auto src = on_device(torch::rand({kCopyFloats}, torch::kFloat));
+  auto dst = torch::empty({kCopyFloats}, torch::dtype(torch::kFloat).device(g_device));
   dst.copy_(src);
+  device_sync();
   for (auto _ : state) {
     dst.copy_(src);
+    device_sync();
     benchmark::DoNotOptimize(dst.data_ptr());
     benchmark::ClobberMemory();
   }
@@ -254,9 +292,11 @@ void bm_codec(benchmark::State& state, const CodecCase& c, bool encode) {
   const int64_t numel = c.rows * c.cols;
   const auto x = random_matrix(c.rows, c.cols).reshape({-1});
   optcc::Payload p = codec->encode(x);  // warm-up (lowrank: draws Q, later encodes warm-start)
+  device_sync();
   if (encode) {
     for (auto _ : state) {
       auto q = codec->encode(x);
+      device_sync();
       benchmark::DoNotOptimize(q.parts[0].data_ptr());
     }
   } else {
@@ -265,8 +305,10 @@ void bm_codec(benchmark::State& state, const CodecCase& c, bool encode) {
     // Warm-up decode: the codec's reused output buffer is allocated (and its pages faulted in)
     // once, as in a run, where a link decodes thousands of messages into it.
     benchmark::DoNotOptimize(codec->decode(p, numel).data_ptr());
+    device_sync();
     for (auto _ : state) {
       auto y = codec->decode(p, numel);
+      device_sync();
       benchmark::DoNotOptimize(y.data_ptr());
     }
   }
@@ -327,6 +369,7 @@ void bm_reducer(benchmark::State& state, const ReducerCase& c) {
     grads.push_back(fresh.back().clone());
   }
   reducer->reduce(grads, comm, 0);  // warm-up: EF, Q, generators
+  device_sync();
   double touch = 0.0, flops = 0.0;
   const double per_element = reducer_touch_per_element(c.reducer);
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -345,9 +388,11 @@ void bm_reducer(benchmark::State& state, const ReducerCase& c) {
     if (modifies) {
       state.PauseTiming();
       for (size_t i = 0; i < grads.size(); ++i) grads[i].copy_(fresh[i]);  // a fresh gradient (not timed)
+      device_sync();
       state.ResumeTiming();
     }
     reducer->reduce(grads, comm, step++);
+    device_sync();
     benchmark::DoNotOptimize(grads[0].data_ptr());
   }
   const double raw = static_cast<double>(reducer->raw_bytes());
@@ -390,12 +435,23 @@ void bm_lowrank_product(benchmark::State& state, int64_t rows, int64_t cols, int
                         const std::string& how) {
   torch::NoGradGuard no_grad;
   auto gen = at::detail::createCPUGenerator(99);
-  const auto p = torch::randn({rows, r}, gen, torch::kFloat), q = torch::randn({cols, r}, gen, torch::kFloat);
+  const auto p = on_device(torch::randn({rows, r}, gen, torch::kFloat));
+  const auto q = on_device(torch::randn({cols, r}, gen, torch::kFloat));
   const bool expand = product == "expand";
-  auto m = expand ? torch::empty({rows, cols}) : torch::randn({rows, cols}, gen, torch::kFloat);
+  const auto on = torch::TensorOptions().device(g_device);
+  auto m = expand ? torch::empty({rows, cols}, on) : on_device(torch::randn({rows, cols}, gen, torch::kFloat));
   m.fill_(0.0f);  // fault the pages in
-  if (!expand) m.normal_(0.0, 1.0, gen);
-  auto out = product == "project" ? torch::empty({rows, r}) : product == "back-project" ? torch::empty({cols, r}) : m;
+  if (!expand) {
+    if (g_cuda) {
+      m.copy_(torch::randn({rows, cols}, gen, torch::kFloat));  // the CPU generator draws, as below
+    } else {
+      m.normal_(0.0, 1.0, gen);
+    }
+  }
+  auto out = product == "project"        ? torch::empty({rows, r}, on)
+             : product == "back-project" ? torch::empty({cols, r}, on)
+                                         : m;
+  device_sync();
   const torch::Tensor a = product == "project" ? m : product == "back-project" ? m.t() : p;
   const torch::Tensor b = product == "project" ? q : product == "back-project" ? p : q.t();
   if (how == "thin") state.SetLabel(optcc::thin_gemm_isa() + " " + optcc::thin_gemm_path(out, a, b));
@@ -409,6 +465,7 @@ void bm_lowrank_product(benchmark::State& state, int64_t rows, int64_t cols, int
     } else {
       optcc::mm_f32_out_with(optcc::GemmLibrary::kAten, out, a, b);
     }
+    device_sync();
     benchmark::DoNotOptimize(out.data_ptr());
     benchmark::ClobberMemory();
   }
@@ -416,17 +473,34 @@ void bm_lowrank_product(benchmark::State& state, int64_t rows, int64_t cols, int
   set_counters(state, 4.0 * numel, 4.0 * numel, 0.0, how == "fill" ? 0.0 : 2.0 * numel * static_cast<double>(r));
 }
 
+/// Registers `fn`: on the CPU as it is; on CUDA with wall time, or skipped with the reason the GPU
+/// cannot be used.
+template <class F>
+benchmark::internal::Benchmark* register_on_device(const std::string& name, F fn) {
+  if (!g_cuda) return benchmark::RegisterBenchmark(name.c_str(), fn);
+  return benchmark::RegisterBenchmark(name.c_str(),
+                                      [fn](benchmark::State& st) {
+                                        if (!g_device_error.empty()) {
+                                          st.SkipWithError(g_device_error.c_str());
+                                          return;
+                                        }
+                                        fn(st);
+                                      })
+      ->UseRealTime();
+}
+
 template <class F>
 void add(const std::string& name, F fn) {
-  benchmark::RegisterBenchmark(name.c_str(), fn)->Unit(benchmark::kMicrosecond);
+  register_on_device(name, fn)->Unit(benchmark::kMicrosecond);
 }
 
 void register_all() {
-  benchmark::RegisterBenchmark("membw/copy_256MiB", bm_copy)->Unit(benchmark::kMillisecond);
+  register_on_device("membw/copy_256MiB", bm_copy)->Unit(benchmark::kMillisecond);
   for (const auto& shape : kFig14) {
     for (const std::string product : {"project", "back-project", "expand"}) {
       for (const std::string how : {"thin", "mm_f32_out", "aten", "fill"}) {
         if (how == "fill" && product != "expand") continue;
+        if (g_cuda && (how == "thin" || how == "mm_f32_out")) continue;  // CPU kernels: ATen on CUDA
         const int64_t rows = shape.first, cols = shape.second;
         add(fmt::format("gemm/{}/fig14/{}/r16/{}", product, shape_name(rows, cols), how),
             [=](benchmark::State& st) { bm_lowrank_product(st, rows, cols, 16, product, how); });
@@ -523,22 +597,48 @@ void check_single_thread() {
 /// fp32 GEMM rate of mm_f32_out (the compressors' GEMM) on 1024×1024×1024, median of 5.
 double measure_gemm_flops() {
   torch::NoGradGuard no_grad;
-  auto a = torch::randn({1024, 1024});
-  auto c = torch::empty({1024, 1024});
+  auto a = on_device(torch::randn({1024, 1024}));
+  auto c = torch::empty({1024, 1024}, torch::TensorOptions().device(g_device));
   optcc::mm_f32_out(c, a, a);
+  device_sync();
   std::vector<double> rates;
   for (int i = 0; i < 5; ++i) {
-    const double t0 = thread_cpu_seconds();
+    const double t0 = timer_seconds();
     optcc::mm_f32_out(c, a, a);
-    rates.push_back(2.0 * 1024 * 1024 * 1024 / (thread_cpu_seconds() - t0));
+    device_sync();
+    rates.push_back(2.0 * 1024 * 1024 * 1024 / (timer_seconds() - t0));
   }
   std::sort(rates.begin(), rates.end());
   return rates[rates.size() / 2];
 }
 
+/// Reads OPTCC_BENCH_DEVICE (file header); false when its value is not a device.
+bool select_device() {
+  const char* env = std::getenv("OPTCC_BENCH_DEVICE");
+  const std::string value = env != nullptr ? env : "";
+  if (value.empty() || value == "cpu") return true;
+  if (value != "cuda") {
+    std::fprintf(stderr, "bench_compression: OPTCC_BENCH_DEVICE='%s' is not a device this benchmark knows. Fix: "
+                         "cpu (the default, also when unset) or cuda (cuda:0)\n", value.c_str());
+    return false;
+  }
+  g_cuda = true;
+  if (!torch::cuda::is_available()) {
+    g_device_error = std::string("OPTCC_BENCH_DEVICE=cuda, but torch::cuda::is_available() is false (LibTorch ") +
+                     (at::hasCUDA() ? "sees no GPU" : "built without CUDA") +
+                     "). Fix: unset OPTCC_BENCH_DEVICE for the CPU benchmarks, or build against a CUDA LibTorch "
+                     "on a machine with a GPU (scripts/gpu/check.sh)";
+    std::fprintf(stderr, "bench_compression: %s\n", g_device_error.c_str());
+  } else {
+    g_device = torch::Device(torch::kCUDA, 0);
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (!select_device()) return 2;
   single_thread();
   check_single_thread();
   // Default --benchmark_min_time=0.1 (Google Benchmark's 0.5 s would make the set take ~10 min).
@@ -550,12 +650,24 @@ int main(int argc, char** argv) {
   int args_count = static_cast<int>(args.size());
   benchmark::Initialize(&args_count, args.data());
   if (benchmark::ReportUnrecognizedArguments(args_count, args.data())) return 1;
-  g_bandwidth_bytes_per_s = measure_bandwidth(9);
-  benchmark::AddCustomContext("memory_bandwidth_GBps", fmt::format("{:.2f}", g_bandwidth_bytes_per_s / 1e9));
-  benchmark::AddCustomContext("bandwidth_method", "median of 9 copy_ of 256 MiB fp32, (read+write bytes)/thread CPU s");
-  benchmark::AddCustomContext("sgemm_1024_GFLOPs", fmt::format("{:.1f}", measure_gemm_flops() / 1e9));
+  if (!g_cuda) {
+    g_bandwidth_bytes_per_s = measure_bandwidth(9);
+    benchmark::AddCustomContext("memory_bandwidth_GBps", fmt::format("{:.2f}", g_bandwidth_bytes_per_s / 1e9));
+    benchmark::AddCustomContext("bandwidth_method", "median of 9 copy_ of 256 MiB fp32, (read+write bytes)/thread CPU s");
+    benchmark::AddCustomContext("sgemm_1024_GFLOPs", fmt::format("{:.1f}", measure_gemm_flops() / 1e9));
+  } else if (g_device_error.empty()) {
+    benchmark::AddCustomContext("device", g_device.str());
+    g_bandwidth_bytes_per_s = measure_bandwidth(9);
+    benchmark::AddCustomContext("memory_bandwidth_GBps", fmt::format("{:.2f}", g_bandwidth_bytes_per_s / 1e9));
+    benchmark::AddCustomContext("bandwidth_method",
+                                "median of 9 copy_ of 256 MiB fp32 on " + g_device.str() +
+                                    ", (read+write bytes)/wall s, torch::cuda::synchronize() before the clock stops");
+    benchmark::AddCustomContext("sgemm_1024_GFLOPs", fmt::format("{:.1f}", measure_gemm_flops() / 1e9));
+  } else {
+    benchmark::AddCustomContext("device_error", g_device_error);
+  }
   register_all();
   benchmark::RunSpecifiedBenchmarks();
   benchmark::Shutdown();
-  return 0;
+  return g_device_error.empty() ? 0 : 1;
 }
