@@ -440,6 +440,9 @@ int main(int argc, char** argv) {
   } catch (const ConfigError& e) {
     std::cerr << e.what() << "\n";
     return 2;
+  } catch (const PlacementError& e) {  // parallel.device / backend against this machine (device.h)
+    std::cerr << e.what() << "\n";
+    return 2;
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

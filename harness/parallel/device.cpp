@@ -13,7 +13,7 @@ namespace {
 
 [[noreturn]] void refuse(const std::string& key, const std::string& value, const std::string& rule,
                          const std::string& fix) {
-  throw std::invalid_argument(fmt::format("config error: {} = {}: {}. Fix: {}.", key, value, rule, fix));
+  throw PlacementError(fmt::format("config error: {} = {}: {}. Fix: {}.", key, value, rule, fix));
 }
 
 }  // namespace
@@ -33,8 +33,8 @@ Placement resolve_placement(const std::string& device, const std::string& backen
     const bool dev = device == "cuda";
     refuse(dev ? "parallel.device" : "parallel.backend", dev ? "'cuda'" : "'nccl'",
            "needs GPUs and optcc's CUDA path, which this binary does not have (" + build + ")",
-           "set parallel.device: cpu and parallel.backend: gloo (or auto) to train on CPU ranks; GPUs need optcc built "
-           "against a CUDA LibTorch (README: Builds)");
+           std::string(dev ? "set parallel.device: cpu (or auto)" : "set parallel.backend: gloo (or auto)") +
+               " to train on CPU ranks; GPUs need optcc built against a CUDA LibTorch (README: Builds)");
   }
   Placement p;
   const bool gpu = device == "cuda" || (device == "auto" && built_with_cuda && gpus_visible > 0);

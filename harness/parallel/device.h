@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 #include <c10/core/Device.h>
@@ -31,6 +32,13 @@ struct Placement {
   bool on_gpu() const { return device.is_cuda(); }
 };
 
+/// A placement this build or machine cannot run; its text reads "config error: <key> = <value>:
+/// <rule>. Fix: <fix>." (the CLI prints it as a config error, exit code 2).
+class PlacementError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
 /// Decides parallel.device (auto | cpu | cuda) and parallel.backend (auto | gloo | nccl) for the
 /// process with `local_rank` among `local_world_size` processes of its node, which sees
 /// `gpus_visible` GPUs, in a build that has CUDA or not. Pure, so its rules are tested in every
@@ -39,7 +47,7 @@ struct Placement {
 ///   device cuda  -> GPU local_rank % gpus_visible (several ranks may share a GPU);
 ///   backend auto -> nccl when the device is cuda and every local rank has its own GPU, else gloo
 ///                   (Gloo carries CUDA tensors through host memory; NCCL takes one rank per GPU).
-/// Throws std::invalid_argument naming the key, the value, the rule and the fix for an unknown
+/// Throws PlacementError naming the key, the value, the rule and the fix for an unknown
 /// value, cuda or nccl in a build without CUDA, cuda without a visible GPU, nccl on cpu, and nccl
 /// with more local ranks than GPUs.
 Placement resolve_placement(const std::string& device, const std::string& backend, int local_rank,

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "compression/codecs.h"
+#include "harness/parallel/device.h"
 #include "harness/parallel/timeline.h"
 
 #include <algorithm>
@@ -108,6 +109,7 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
     (forward ? stats_.forward_wire_bytes : stats_.backward_wire_bytes) += raw_bytes;
     return {slice};
   }
+  synchronize(slice.device());  // CUDA: encode_seconds time the GPU's work, not its launch
   const auto t0 = std::chrono::steady_clock::now();
   TimelineScope event(EventKind::kCompress, Stream::kCompression);  // timeline.h; free when off
   torch::NoGradGuard no_grad;
@@ -146,6 +148,7 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
     orth_errors_[msg.microbatch] = err ? err->clone() : c->last_error().clone();
   }
   if (lep_diag_ && !forward) record_lep_send(msg.microbatch, x0, carried, carried_age, err ? *err : c->last_error());
+  synchronize(slice.device());
   stats_.encode_seconds += seconds_since(t0);
   return p.parts;
 }
@@ -157,9 +160,11 @@ torch::Tensor PipelineCodec::decode(const P2PMessage& msg, const P2PCall& call,
   if (!c) {
     slice = wire.at(0);
   } else {
+    synchronize(wire.at(0).device());
     const auto t0 = std::chrono::steady_clock::now();
     TimelineScope event(EventKind::kDecompress, Stream::kCompression);
     slice = c->decode(Payload{wire}, slice_numel);
+    synchronize(slice.device());
     stats_.decode_seconds += seconds_since(t0);
   }
   if (check_orth_ && msg.dir == P2PDir::kRecvForward) {

@@ -7,6 +7,7 @@
 
 #include "compression/grad_reducer.h"
 #include "compression/registry.h"
+#include "harness/parallel/device.h"
 #include "harness/parallel/stage_link.h"
 #include "harness/train/data_loader.h"
 #include "harness/train/grad_sync.h"
@@ -35,9 +36,12 @@ ScChoice calibrate_sc_auto(const Config& cfg, Distributed& d, GptModel& model, c
                   torch::TensorOptions().dtype(torch::kFloat).device(d.placement.device));
   auto params = model->parameters();
   for (auto& p : params) p.mutable_grad() = torch::Tensor();
+  const torch::Device device = d.placement.device;  // CUDA: times wait for the GPU (device.h synchronize)
+  synchronize(device);
   d.world->barrier();
   const auto t0 = Clock::now();
   run_pipeline_step(pipeline, fn, plain, static_cast<int>(m));
+  synchronize(device);
   const double end = std::chrono::duration<double>(Clock::now() - t0).count();
   auto grads = ensure_grads(params);
   std::vector<torch::Tensor> copy;
@@ -48,9 +52,11 @@ ScChoice calibrate_sc_auto(const Config& cfg, Distributed& d, GptModel& model, c
     auto reducer = registry.create(name, options);
     std::vector<torch::Tensor> work;
     for (const auto& g : copy) work.push_back(g.clone());
+    synchronize(device);
     d.dp->barrier();
     const auto t = Clock::now();
     reducer->reduce(work, *d.dp, 0);
+    synchronize(device);
     return std::chrono::duration<double>(Clock::now() - t).count();
   };
   const double raw = d.dp->size() > 1 ? timed("none", YAML::Node()) : 0.0;

@@ -62,7 +62,8 @@ TEST(Placement, RefusalsNameTheKeyTheRuleAndTheFix) {
   EXPECT_THAT(refusal("cuda", "auto", 0, 1, 0, false),
               AllOf(HasSubstr("parallel.device = 'cuda'"), HasSubstr("CPU only (built without CUDA)"),
                     HasSubstr("Fix: set parallel.device: cpu")));
-  EXPECT_THAT(refusal("auto", "nccl", 0, 1, 0, false), HasSubstr("parallel.backend = 'nccl'"));
+  EXPECT_THAT(refusal("auto", "nccl", 0, 1, 0, false),
+              AllOf(HasSubstr("parallel.backend = 'nccl'"), HasSubstr("Fix: set parallel.backend: gloo (or auto)")));
   EXPECT_THAT(refusal("cuda", "auto", 0, 1, 0, true),
               AllOf(HasSubstr("this process sees no GPU"), HasSubstr("CUDA_VISIBLE_DEVICES")));
   EXPECT_THAT(refusal("cpu", "nccl", 0, 1, 1, true), HasSubstr("NCCL carries CUDA tensors only"));
@@ -74,7 +75,9 @@ TEST(Placement, RefusalsNameTheKeyTheRuleAndTheFix) {
 TEST(Placement, ThisProcessMatchesItsBuild) {
   const Placement p = this_rank_placement("auto", "auto", 0, 1);
   EXPECT_EQ(p.on_gpu(), kBuiltWithCuda && cuda_device_count() > 0);
-  if (!kBuiltWithCuda) EXPECT_EQ(cuda_device_count(), 0);
+  if (!kBuiltWithCuda) {
+    EXPECT_EQ(cuda_device_count(), 0);
+  }
 }
 
 // Gloo carries CUDA tensors by staging them through host memory (communicator.h); the results land

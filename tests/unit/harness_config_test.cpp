@@ -310,7 +310,7 @@ TEST(Config, GpuSettingsAreRefusedByABuildThatCannotRunThem) {
     } else {
       EXPECT_THAT(msg, AllOf(HasSubstr("parallel." + key + " = '" + value + "'"),
                              HasSubstr("LibTorch " + torch_version() + ", CPU only (built without CUDA)"),
-                             HasSubstr("set parallel.device: cpu and parallel.backend: gloo")));
+                             HasSubstr("Fix: set parallel." + key + ": " + (key == "device" ? "cpu" : "gloo"))));
     }
   }
   c.parallel.backend = "mpi";
