@@ -71,4 +71,21 @@ void synchronize(const c10::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize(device.index());
 }
 
+SpanTimer::SpanTimer(const c10::Device& device) {
+  if (device.is_cuda()) {
+    gpu_ = std::make_unique<DeviceTimer>(device.has_index() ? device.index() : 0);
+    gpu_->start();
+  } else {
+    t0_ = std::chrono::steady_clock::now();
+  }
+}
+
+double SpanTimer::seconds() {
+  if (gpu_) {
+    gpu_->stop();
+    return gpu_->seconds();
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+}
+
 }  // namespace optcc

@@ -100,4 +100,20 @@ class DeviceTimer {
   std::unique_ptr<Events> events_;
 };
 
+/// Seconds of one span of work on `device`: on a GPU, CUDA events recorded on the current stream
+/// (a DeviceTimer), so the host need not drain the device before the span starts and waits only for
+/// the span's own end; on the CPU, the steady clock. For work that stays on the current stream
+/// (compression kernels, GEMMs). A step or a communication, whose work also runs on NCCL's streams,
+/// is timed by synchronize() and the host clock instead, as Megatron-LM's timers do: an event on the
+/// current stream does not wait for the other streams.
+class SpanTimer {
+ public:
+  explicit SpanTimer(const c10::Device& device);  // starts the span
+  double seconds();                               // ends it; call once
+
+ private:
+  std::unique_ptr<DeviceTimer> gpu_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
 }  // namespace optcc

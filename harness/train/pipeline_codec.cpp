@@ -17,10 +17,6 @@ namespace {
 
 bool is_forward(P2PDir d) { return d == P2PDir::kSendForward || d == P2PDir::kRecvForward; }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 std::unique_ptr<ActCodec> drop_none(std::unique_ptr<ActCodec> c) {
   if (c && c->name() == "none") return nullptr;  // `none` is the identity: the plain slice travels
   return c;
@@ -109,8 +105,7 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
     (forward ? stats_.forward_wire_bytes : stats_.backward_wire_bytes) += raw_bytes;
     return {slice};
   }
-  synchronize(slice.device());  // CUDA: encode_seconds time the GPU's work, not its launch
-  const auto t0 = std::chrono::steady_clock::now();
+  SpanTimer timer(slice.device());  // CUDA: events time the GPU's work, not its launch
   TimelineScope event(EventKind::kCompress, Stream::kCompression);  // timeline.h; free when off
   torch::NoGradGuard no_grad;
   const torch::Tensor x0 = slice.to(torch::kFloat);
@@ -148,8 +143,7 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
     orth_errors_[msg.microbatch] = err ? err->clone() : c->last_error().clone();
   }
   if (lep_diag_ && !forward) record_lep_send(msg.microbatch, x0, carried, carried_age, err ? *err : c->last_error());
-  synchronize(slice.device());
-  stats_.encode_seconds += seconds_since(t0);
+  stats_.encode_seconds += timer.seconds();
   return p.parts;
 }
 
@@ -160,12 +154,10 @@ torch::Tensor PipelineCodec::decode(const P2PMessage& msg, const P2PCall& call,
   if (!c) {
     slice = wire.at(0);
   } else {
-    synchronize(wire.at(0).device());
-    const auto t0 = std::chrono::steady_clock::now();
+    SpanTimer timer(wire.at(0).device());
     TimelineScope event(EventKind::kDecompress, Stream::kCompression);
     slice = c->decode(Payload{wire}, slice_numel);
-    synchronize(slice.device());
-    stats_.decode_seconds += seconds_since(t0);
+    stats_.decode_seconds += timer.seconds();
   }
   if (check_orth_ && msg.dir == P2PDir::kRecvForward) {
     orth_acts_[msg.microbatch] = slice.detach().to(torch::kFloat).clone();

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "harness/parallel/communicator.h"
 #include "harness/parallel/device.h"
@@ -82,6 +84,30 @@ TEST(Placement, ThisProcessMatchesItsBuild) {
 
 // Gloo carries CUDA tensors by staging them through host memory (communicator.h); the results land
 // on the tensors' own GPU.
+// The CPU span is the steady clock: a 30 ms sleep reads 30 ms (not a launch time, not zero).
+TEST(Placement, SpanTimerOnTheCpuTimesTheSpan) {
+  SpanTimer timer(c10::Device(c10::kCPU));
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  const double s = timer.seconds();
+  EXPECT_GE(s, 0.030);
+  EXPECT_LT(s, 0.5);
+}
+
+// On a GPU the span comes from CUDA events around queued work: a 4096^3 GEMM chain takes measurable
+// GPU time even though its launch returns at once.
+TEST(PlacementCuda, SpanTimerTimesTheGpusWorkNotItsLaunch) {
+  if (!kBuiltWithCuda) GTEST_SKIP() << "needs a CUDA build; this one is " << build_description();
+  if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU visible to this process";
+  const c10::Device gpu(c10::kCUDA, 0);
+  auto a = torch::randn({4096, 4096}, torch::TensorOptions().device(gpu));
+  synchronize(gpu);
+  SpanTimer timer(gpu);
+  for (int i = 0; i < 8; ++i) a = torch::mm(a, a) / 64.0;
+  const double s = timer.seconds();
+  EXPECT_GT(s, 8 * 2.0 * 4096.0 * 4096.0 * 4096.0 / 2e15);  // under 2 PFLOP/s, far above any GPU's fp32
+  EXPECT_LT(s, 10.0);
+}
+
 TEST(PlacementCuda, GlooCarriesCudaTensorsBetweenRanks) {
   if (!kBuiltWithCuda) GTEST_SKIP() << "needs a CUDA build; this one is " << build_description();
   if (cuda_device_count() == 0) GTEST_SKIP() << "no GPU visible to this process";
