@@ -127,6 +127,10 @@ void Communicator::all_reduce(torch::Tensor& t, Traffic cls, bool max) {
     return;
   }
   if (emu_ && skip_collective(cls)) return;  // network.skip: the local tensor stays
+  if (t.scalar_type() == torch::kBFloat16 && !max && !backend_device_.is_cuda()) {
+    all_reduce_bf16_on_gloo(t, cls);
+    return;
+  }
   settle();
   const auto t0 = Clock::now();
   std::vector<torch::Tensor> ts{t};
@@ -136,21 +140,50 @@ void Communicator::all_reduce(torch::Tensor& t, Traffic cls, bool max) {
   finish_collective(cls, CollectiveKind::kAllReduce, nbytes(t), 2 * (size() - 1) * nbytes(t) / size(), t0);
 }
 
+torch::Tensor Communicator::moved_bits(const torch::Tensor& t) const {
+  if (t.scalar_type() != torch::kBFloat16 || backend_device_.is_cuda()) return t;
+  return t.view(torch::kHalf);  // same storage and bits: what arrives is written into t
+}
+
+void Communicator::all_reduce_bf16_on_gloo(torch::Tensor& t, Traffic cls) {
+  torch::NoGradGuard no_grad;
+  const auto t0 = Clock::now();
+  const int64_t n = size(), numel = t.numel(), chunk = (numel + n - 1) / n;
+  // Gloo moves fp16 but not bf16: the same 16 bits travel as fp16 (a reinterpretation, no rounding).
+  auto padded = torch::zeros({n * chunk}, t.options());
+  padded.narrow(0, 0, numel).copy_(t.view({-1}));
+  auto send = padded.view(torch::kHalf);
+  auto chunks = torch::empty_like(send);  // [n * chunk]: chunk `rank_` of every rank, in rank order
+  std::vector<int64_t> equal(static_cast<size_t>(n), chunk);
+  wait_work(pg_->alltoall_base(chunks, send, equal, equal), describe("all_reduce (bf16: all-to-all)", nbytes(t)));
+  auto mine = chunks.view(torch::kBFloat16).view({n, chunk}).to(torch::kFloat).sum(0).to(torch::kBFloat16);
+  std::vector<torch::Tensor> inputs{mine.view(torch::kHalf)};
+  std::vector<std::vector<torch::Tensor>> outputs(1);
+  for (int64_t i = 0; i < n; ++i) outputs[0].push_back(torch::empty({chunk}, inputs[0].options()));
+  wait_work(pg_->allgather(outputs, inputs), describe("all_reduce (bf16: all-gather)", nbytes(t)));
+  const auto summed = torch::cat(outputs[0]).view(torch::kBFloat16).narrow(0, 0, numel);
+  t.view({-1}).copy_(summed);
+  const int64_t chunk_bytes = chunk * static_cast<int64_t>(t.element_size());
+  finish_collective(cls, CollectiveKind::kAllReduce, nbytes(t), 2 * (n - 1) * chunk_bytes, t0);
+}
+
 torch::Tensor Communicator::all_gather(const torch::Tensor& local, Traffic cls, int64_t dim) {
   if (size() == 1) return local;
   if (local.device() != backend_device_) return all_gather(staged(local), cls, dim).to(local.device());
   settle();
   const auto t0 = Clock::now();
   auto in = local.contiguous();
-  std::vector<torch::Tensor> inputs{in};
+  std::vector<torch::Tensor> inputs{moved_bits(in)};
   std::vector<std::vector<torch::Tensor>> outputs(1);
   const bool skip = emu_ && skip_collective(cls);
   for (int i = 0; i < size(); ++i) outputs[0].push_back(skip && i != rank_ ? torch::zeros_like(in) : torch::empty_like(in));
+  std::vector<std::vector<torch::Tensor>> wire_outputs(1);  // the same storage as outputs (bf16 as fp16 bits)
+  for (auto& o : outputs[0]) wire_outputs[0].push_back(moved_bits(o));
   if (skip) {  // network.skip: this rank's part in its slot, zeros elsewhere
     outputs[0][rank_].copy_(in);
     return torch::cat(outputs[0], dim);
   }
-  wait_work(pg_->allgather(outputs, inputs), describe("all_gather", nbytes(in)));
+  wait_work(pg_->allgather(wire_outputs, inputs), describe("all_gather", nbytes(in)));
   finish_collective(cls, CollectiveKind::kAllGather, nbytes(in), (size() - 1) * nbytes(in), t0);
   return torch::cat(outputs[0], dim);
 }
@@ -184,7 +217,7 @@ void Communicator::broadcast(torch::Tensor& t, int root, Traffic cls) {
   if (emu_ && skip_collective(cls)) return;  // network.skip: the local tensor stays
   settle();
   const auto t0 = Clock::now();
-  std::vector<torch::Tensor> ts{t};
+  std::vector<torch::Tensor> ts{moved_bits(t)};
   c10d::BroadcastOptions opts;
   opts.rootRank = root;
   wait_work(pg_->broadcast(ts, opts), describe("broadcast", nbytes(t)));
@@ -208,7 +241,7 @@ CommHandle Communicator::post_p2p(bool is_send, torch::Tensor& t, int peer, Traf
     h.staged_ = wire;
     if (!is_send) h.target_ = t;
   }
-  std::vector<torch::Tensor> ts{wire};
+  std::vector<torch::Tensor> ts{moved_bits(wire)};
   settle();
   h.start_ = Clock::now();
   h.comm_ = this;

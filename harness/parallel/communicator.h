@@ -140,7 +140,14 @@ class Communicator {
 
   // Collectives: all ranks of the group call them in the same order with same-shaped tensors.
   /// In-place sum (or max) over the group. `t` contiguous, any float dtype.
+  /// A bf16 sum on Gloo (which has no bf16 arithmetic) keeps bf16 on the wire and sums in fp32:
+  /// an all-to-all of the bf16 bits (each rank receives every rank's 1/n chunk), a local fp32 sum
+  /// in group-rank order rounded once to bf16, and an all-gather of the rounded chunks. It sends
+  /// what a ring all-reduce of the bf16 tensor sends (2(n-1)/n of its bytes, counted as an all-
+  /// reduce), gives every rank the same bits, and is more exact than summing in bf16. NCCL sums
+  /// bf16 itself.
   void all_reduce(torch::Tensor& t, Traffic cls, bool max = false);
+  /// Moving data (all_gather, broadcast, send, recv) takes any dtype, bf16 on Gloo included.
   /// Concatenates every rank's `local` along `dim` in group-rank order: [.., n*local.size(dim), ..].
   torch::Tensor all_gather(const torch::Tensor& local, Traffic cls, int64_t dim = 0);
   /// Sums `input` over the group and returns this rank's 1/n slice along dim 0 (size(0) % n == 0).
@@ -187,6 +194,10 @@ class Communicator {
   void settle() const;                                   // CUDA: wait for the GPU; CPU: nothing
   torch::Tensor staged(const torch::Tensor& t) const;   // t on the backend's device (no copy if there)
   CommHandle post_p2p(bool is_send, torch::Tensor& t, int peer, Traffic cls, int tag);
+  void all_reduce_bf16_on_gloo(torch::Tensor& t, Traffic cls);  // see all_reduce
+  // What the backend moves for `t`: Gloo (LibTorch 1.13) moves no bf16, so a bf16 tensor travels as
+  // a fp16 view of its storage (the same 16 bits, no rounding); anything else is `t` itself.
+  torch::Tensor moved_bits(const torch::Tensor& t) const;
   void record(Traffic cls, int64_t bytes, double seconds, double emulated_seconds = 0.0);
   // communicator_emulation.cpp: emulation, skipping and timeline events of each operation.
   void finish_collective(Traffic cls, CollectiveKind kind, int64_t tensor_bytes, int64_t sent_bytes,

@@ -97,6 +97,60 @@ TEST_P(CommWorld, BytesFollowRingFormulas) {
   });
 }
 
+// A bf16 sum on Gloo: bf16 on the wire, summed in fp32 and rounded once, the same bits on every
+// rank, and the bytes of a bf16 ring all-reduce. The values are chosen so that summing in bf16
+// would lose them: 256 + 1 + 1 + ... is 256 in bf16 at every partial sum (8 mantissa bits), while
+// the fp32 sum is 256 + (n-1) before the one rounding. An odd length exercises the padding.
+TEST_P(CommWorld, Bf16AllReduceSumsInFp32AndSendsBf16) {
+  const int n = GetParam();
+  run_ranks(n, [&](const RankContext& ctx) {
+    TrafficMeter meter;
+    auto comm = ctx.group([&] { std::vector<int> a(n); for (int i = 0; i < n; ++i) a[i] = i; return a; }(),
+                          "world", &meter, Link::kInterNode);
+    const int64_t len = 1001;
+    auto x = (torch::arange(len, torch::kFloat) * 0.01f + float(ctx.rank)).to(torch::kBFloat16);
+    x[0] = ctx.rank == 0 ? 256.0f : 1.0f;
+    const auto expect = [&] {
+      auto sum = torch::zeros({len}, torch::kFloat);
+      for (int r = 0; r < n; ++r) {
+        auto xr = (torch::arange(len, torch::kFloat) * 0.01f + float(r)).to(torch::kBFloat16);
+        xr[0] = r == 0 ? 256.0f : 1.0f;
+        sum += xr.to(torch::kFloat);
+      }
+      return sum.to(torch::kBFloat16);
+    }();
+    comm->all_reduce(x, Traffic::kTensorParallel);
+    EXPECT_EQ(x.scalar_type(), torch::kBFloat16);
+    EXPECT_TRUE(torch::equal(x, expect));
+    if (n == 4) EXPECT_EQ(x[0].item<float>(), 260.0f);  // 259 rounded once; a bf16 ring gives 256
+    const int64_t chunk = (len + n - 1) / n;
+    EXPECT_EQ(meter.at(Traffic::kTensorParallel, Link::kInterNode).bytes, 2 * (n - 1) * chunk * 2);
+    EXPECT_EQ(meter.at(Traffic::kTensorParallel, Link::kInterNode).calls, n > 1 ? 1 : 0);
+  });
+}
+
+// Moving bf16 on Gloo (no bf16 type there): all_gather, broadcast and p2p carry the exact bits.
+TEST_P(CommWorld, Bf16MovesBitExactlyOnGloo) {
+  const int n = GetParam();
+  run_ranks(n, [&](const RankContext& ctx) {
+    auto comm = ctx.world_group();
+    auto mine = [](int r) { return (torch::arange(7, torch::kFloat) / 3.0f + float(r) * 1000.5f).to(torch::kBFloat16); };
+    const auto g = comm->all_gather(mine(ctx.rank), Traffic::kTensorParallel);
+    ASSERT_EQ(g.scalar_type(), torch::kBFloat16);
+    for (int r = 0; r < n; ++r) EXPECT_TRUE(torch::equal(g.narrow(0, 7 * r, 7), mine(r))) << r;
+    auto b = mine(ctx.rank);
+    comm->broadcast(b, n - 1, Traffic::kEmbedding);
+    EXPECT_TRUE(torch::equal(b, mine(n - 1)));
+    if (n == 1) return;
+    const int next = (ctx.rank + 1) % n, prev = (ctx.rank + n - 1) % n;
+    auto in = torch::empty({7}, torch::kBFloat16);
+    auto hs = std::vector<CommHandle>{comm->send(mine(ctx.rank), next, Traffic::kPipelineForward),
+                                      comm->recv(in, prev, Traffic::kPipelineForward)};
+    for (auto& h : hs) h.wait();
+    EXPECT_TRUE(torch::equal(in, mine(prev)));
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Worlds, CommWorld, ::testing::Values(1, 2, 4));
 
 TEST(Comm, SubGroupsOverlapWithoutCrossTalk) {
