@@ -116,6 +116,7 @@ struct Cli {
   bool data_retrain = false;
   CLI::App* bench_step = nullptr;
   int64_t bench_steps = 10, bench_warmup = 2, bench_threads = 1;
+  std::string bench_precision;  // empty: the config's train.precision
   CLI::App* comm_check = nullptr;
   CommCheckOptions check_opts;
   CLI::App* show = nullptr;
@@ -173,6 +174,7 @@ void add_bench_command(CLI::App& app, Cli& c) {
   c.bench_step->add_option("--steps", c.bench_steps, "timed steps (median reported)")->transform(decimal_integer());
   c.bench_step->add_option("--warmup", c.bench_warmup, "untimed steps first")->transform(decimal_integer());
   c.bench_step->add_option("--threads", c.bench_threads, "intra-op threads (0 = config's)")->transform(decimal_integer());
+  c.bench_step->add_option("--precision", c.bench_precision, "train.precision of the step: fp32 | bf16 (default: the config's)");
 }
 
 // comm-check, and --nproc for it and for train.
@@ -202,7 +204,8 @@ void add_traffic_command(CLI::App& app, Cli& c) {
   c.traffic->add_flag("--recompute", c.traffic_opts.recompute,
                       "k_TP = 6: full activation recomputation, as the paper's runs (optcc does not recompute)");
   c.traffic->add_option("--element-bytes", c.traffic_opts.element_bytes,
-                        "β: bytes per activation/gradient element (4 fp32, 2 for 16-bit)")
+                        "β: bytes per activation and gradient element (2: the paper's fp16 runs); default: "
+                        "activations in train.precision's dtype, gradients fp32, as a run meters them")
       ->transform(decimal_integer());
   c.traffic->add_flag("--reference-powersgd", c.traffic_opts.reference_powersgd,
                       "DP PowerSGD compresses every >=2-D gradient, as the reference (min_compression_rate 0)");
@@ -333,16 +336,19 @@ int train_command(const Cli& c, const Config& cfg, int argc, char** argv) {
   return 0;
 }
 
-int bench_command(const Cli& c, const Config& cfg) {
+int bench_command(const Cli& c, Config cfg) {
+  if (!c.bench_precision.empty()) cfg.train.precision = c.bench_precision;  // validated by bench_step
   auto r = bench_step(cfg, c.bench_steps, c.bench_warmup, c.bench_threads);
   std::string gemms;
   for (const auto& [name, gflops] : r.gemm) gemms += fmt::format("{}{} {:.1f}", gemms.empty() ? "" : ", ", name, gflops);
   std::cout << fmt::format(
-      "bench step: preset={} L={} h={} s={} B={} device={} threads={}; linear layers on {}; heap: {}\n"
-      "  fp32 GEMM at the model's shapes (GFLOP/s): {}\n"
+      "bench step: preset={} L={} h={} s={} B={} device={} threads={} precision={} (CPU bf16: {}); linear layers on "
+      "{}; heap: {}\n"
+      "  {} GEMM at the model's shapes (GFLOP/s): {}\n"
       "  step {:.1f} ms | {:.0f} tokens/s | model {:.1f} GFLOP/s | best GEMM {:.1f} GFLOP/s ({}) | ratio {:.2f}\n",
       cfg.model.preset, cfg.model.num_layers, cfg.model.hidden_size, cfg.model.seq_len,
-      cfg.train.global_batch_size, r.device, r.threads, r.linear_library, r.allocator, gemms, r.step_seconds * 1e3, r.tokens_per_second,
+      cfg.train.global_batch_size, r.device, r.threads, r.precision, r.cpu_bf16, r.linear_library, r.allocator,
+      r.precision, gemms, r.step_seconds * 1e3, r.tokens_per_second,
       r.model_gflops, r.gemm_gflops, r.gemm_library, r.ratio);
   return 0;
 }

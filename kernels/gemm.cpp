@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <cstring>
 #include <stdexcept>
 
@@ -248,6 +250,20 @@ bool gemm_uses_onednn() {
 #else
   return false;
 #endif
+}
+
+std::string cpu_bf16_instructions() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line);
+    bool avx512 = false, amx = false;
+    for (std::string w; words >> w;) avx512 |= w == "avx512_bf16", amx |= w == "amx_bf16";
+    if (!avx512 && !amx) return "none";
+    return amx ? (avx512 ? "AVX512-BF16 + AMX-BF16" : "AMX-BF16") : "AVX512-BF16";
+  }
+  return "none";
 }
 
 std::string gemm_library() {

@@ -21,6 +21,11 @@ namespace optcc {
 /// "ATen at::mm (LibTorch's BLAS)", with " (OPTCC_GEMM=aten)" when the environment forced ATen.
 std::string gemm_library();
 
+/// The CPU's 16-bit float instructions that bf16 GEMMs can use, from /proc/cpuinfo's flags:
+/// "AVX512-BF16", "AVX512-BF16 + AMX-BF16", or "none" (then bf16 GEMMs convert to fp32 inside and
+/// are no faster than fp32). bf16 GEMMs run through ATen (LibTorch's oneDNN kernels), not mm_f32_out.
+std::string cpu_bf16_instructions();
+
 /// True when CPU fp32 GEMMs go through oneDNN (built with it and not forced to ATen).
 bool gemm_uses_onednn();
 

@@ -24,6 +24,12 @@ torch::nn::LayerNorm layer_norm(int64_t h) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({h}).eps(1e-5));
 }
 
+// LayerNorm in fp32 whatever the compute dtype (Megatron's mixed precision); fp32 input: unchanged.
+torch::Tensor norm_fp32(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
+  if (x.scalar_type() == torch::kFloat) return ln(x);
+  return ln(x.to(torch::kFloat)).to(x.scalar_type());
+}
+
 torch::Tensor maybe_dropout(const torch::Tensor& x, double p, bool training) {
   return p > 0 ? F::dropout(x, F::DropoutFuncOptions().p(p).training(training)) : x;
 }
@@ -63,7 +69,10 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const auto mask = s == causal_mask_.size(0) ? causal_mask_
                                               : torch::ones({s, s}, torch::TensorOptions(torch::kBool).device(x.device())).triu(1);
   scores.masked_fill_(mask, -std::numeric_limits<float>::infinity());
-  auto probs = dropout_with(torch::softmax(scores, -1), dropout_, is_training(), rng_);
+  // Softmax in fp32 under mixed precision, its probabilities cast back for the second matmul.
+  auto soft = scores.scalar_type() == torch::kFloat ? torch::softmax(scores, -1)
+                                                     : torch::softmax(scores, -1, torch::kFloat).to(scores.scalar_type());
+  auto probs = dropout_with(soft, dropout_, is_training(), rng_);
   auto ctx = gemm_bmm(probs, qkv3[2]);                                          // [b, heads/t, s, hd]
   ctx = ctx.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * head_dim_});  // [s, b, h/t]
   return proj(ctx);
@@ -86,8 +95,8 @@ BlockImpl::BlockImpl(const GptOptions& o, int64_t layer, Communicator* tp, at::G
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
-  auto y = x + maybe_dropout(attn(ln1(x)), dropout_, is_training());
-  return y + maybe_dropout(mlp(ln2(y)), dropout_, is_training());
+  auto y = x + maybe_dropout(attn(norm_fp32(ln1, x)), dropout_, is_training());
+  return y + maybe_dropout(mlp(norm_fp32(ln2, y)), dropout_, is_training());
 }
 
 GptModelImpl::GptModelImpl(const GptOptions& o, Communicator* tp, StageRange stage)
@@ -102,6 +111,7 @@ GptModelImpl::GptModelImpl(const GptOptions& o, Communicator* tp, StageRange sta
   if (stage_.is_first || stage_.is_last) {
     embedding = register_module("embedding", VocabParallelEmbedding(o.padded_vocab_size, o.hidden_size, tp,
                                                                     o.init_std, o.seed, kWordEmbeddingTag));
+    embedding->set_output_dtype(o.compute_dtype);
   }
   if (stage_.is_first) {
     position_embedding = register_parameter(
@@ -120,7 +130,12 @@ torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens) {
               "GptModel::embed expects int64 tokens [b, s], got ", tokens.sizes());
   const int64_t s = tokens.size(1);
   TORCH_CHECK(s <= opt_.max_positions, "sequence length ", s, " exceeds max_positions ", opt_.max_positions);
-  auto x = embedding(tokens.t()) + position_embedding.narrow(0, 0, s).unsqueeze(1);  // [s, b, h]
+  // The word-embedding rows arrive in the compute dtype (summed over TP in it); the position
+  // embedding is added in fp32, then the sum is cast (nothing changes under fp32).
+  auto words = embedding(tokens.t());
+  auto positions = position_embedding.narrow(0, 0, s).unsqueeze(1);
+  auto x = words.scalar_type() == torch::kFloat ? words + positions
+                                                : (words.to(torch::kFloat) + positions).to(opt_.compute_dtype);  // [s, b, h]
   return maybe_dropout(x, opt_.hidden_dropout, is_training());
 }
 
@@ -131,19 +146,21 @@ torch::Tensor GptModelImpl::run_layers(torch::Tensor x) {
 
 torch::Tensor GptModelImpl::head_loss(const torch::Tensor& x, const torch::Tensor& labels) {
   TORCH_CHECK(stage_.is_last, "head_loss() called on a stage without the output layer");
+  // Mixed precision: the logits GEMM in the compute dtype, the cross-entropy on fp32 logits.
+  auto h = norm_fp32(final_ln, x);
   if (tp_size(tp_) == 1) {  // one rank: logits over the true vocabulary only (no padded columns)
-    auto logits = gemm_linear(final_ln(x), embedding->weight.narrow(0, 0, opt_.vocab_size));  // x·Eᵀ
-    return F::cross_entropy(logits.reshape({-1, opt_.vocab_size}), labels.t().reshape({-1}));
+    auto logits = gemm_linear(h, embedding->weight.narrow(0, 0, opt_.vocab_size).to(h.scalar_type()));  // x·Eᵀ
+    return F::cross_entropy(logits.reshape({-1, opt_.vocab_size}).to(torch::kFloat), labels.t().reshape({-1}));
   }
-  auto logits = parallel_lm_logits(final_ln(x), embedding->weight, tp_);  // [s, b, Vp/t]
+  auto logits = parallel_lm_logits(h, embedding->weight, tp_).to(torch::kFloat);  // [s, b, Vp/t]
   auto per_token = vocab_parallel_cross_entropy(logits, labels.t(), embedding->vocab_start(), opt_.vocab_size, tp_);
   return per_token.mean();
 }
 
 torch::Tensor GptModelImpl::head_logits(const torch::Tensor& x) {
   TORCH_CHECK(stage_.is_last, "head_logits() called on a stage without the output layer");
-  auto logits = gather_from_tp_region(parallel_lm_logits(final_ln(x), embedding->weight, tp_), tp_);
-  return logits.narrow(-1, 0, opt_.vocab_size);  // [s, b, V]
+  auto logits = gather_from_tp_region(parallel_lm_logits(norm_fp32(final_ln, x), embedding->weight, tp_), tp_);
+  return logits.narrow(-1, 0, opt_.vocab_size).to(torch::kFloat);  // [s, b, V]
 }
 
 torch::Tensor GptModelImpl::forward(const torch::Tensor& tokens) {

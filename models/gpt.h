@@ -12,7 +12,8 @@
 //     embedding vocab-parallel, the loss vocab-parallel cross-entropy over the true vocabulary.
 // With tp == nullptr and the default stage range it is the whole single-rank model.
 //
-// Layout follows Megatron-LM: activations between blocks are sequence-first [s, b, h] fp32, so the
+// Layout follows Megatron-LM: activations between blocks are sequence-first [s, b, h] (fp32, or the
+// compute dtype under mixed precision: GptOptions::compute_dtype), so the
 // tensors that cross pipeline stages have the layout Optimus-CC's compressor expects (spec §1.4).
 // The model makes no communication calls itself: all of it goes through the TP mapping functions.
 //
@@ -42,6 +43,13 @@ struct GptOptions {
   double attention_dropout = 0.0;
   double init_std = 0.02;
   uint64_t seed = 1234;
+  /// Dtype of the compute (models/precision.h): Float (the default) leaves every tensor fp32, as
+  /// before mixed precision existed. BFloat16 / Half: the parameters stay fp32 (master weights)
+  /// and are cast to it where used, so their gradients come back fp32; the embedding output,
+  /// residual stream, linear layers and attention matmuls run in it, and the activations between
+  /// stages ([s, b, h]) and the TP all-reduces carry it; LayerNorm, softmax, the logits' cross-
+  /// entropy and head_logits() run in fp32 (upcast, then cast back).
+  c10::ScalarType compute_dtype = c10::ScalarType::Float;
 };
 
 /// Which part of the model this rank holds (a pipeline stage). Default: all of it.
@@ -99,13 +107,13 @@ class GptModelImpl : public torch::nn::Module {
   /// `tp` (may be null) must outlive the model. Throws c10::Error on inconsistent options.
   explicit GptModelImpl(const GptOptions& o, Communicator* tp = nullptr, StageRange stage = {});
 
-  /// First stage: tokens [b, s] int64 -> hidden [s, b, h].
+  /// First stage: tokens [b, s] int64 -> hidden [s, b, h] in the compute dtype.
   torch::Tensor embed(const torch::Tensor& tokens);
   /// This stage's blocks: [s, b, h] -> [s, b, h].
   torch::Tensor run_layers(torch::Tensor x);
-  /// Last stage: hidden [s, b, h] and labels [b, s] int64 -> mean cross-entropy (nats), scalar.
+  /// Last stage: hidden [s, b, h] and labels [b, s] int64 -> mean cross-entropy (nats), fp32 scalar.
   torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& labels);
-  /// Last stage: hidden [s, b, h] -> logits [s, b, V] over the true vocabulary (padding dropped),
+  /// Last stage: hidden [s, b, h] -> fp32 logits [s, b, V] over the true vocabulary (padding dropped),
   /// gathered over the TP group (collective over it: every TP rank calls it).
   torch::Tensor head_logits(const torch::Tensor& x);
   /// Whole model only (first and last stage): tokens [b, s] -> logits [s, b, V] (padding dropped).

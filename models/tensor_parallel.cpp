@@ -139,6 +139,15 @@ torch::Tensor own_shard(const torch::Tensor& full, int64_t dim, const Communicat
 }
 }  // namespace
 
+namespace {
+// A parameter in the dtype of the activation it meets: itself when they agree (fp32 runs), else a
+// cast whose backward returns the gradient in the parameter's own dtype (fp32 master weights).
+torch::Tensor like(const torch::Tensor& param, const torch::Tensor& x) {
+  if (!param.defined() || param.scalar_type() == x.scalar_type()) return param;
+  return param.to(x.scalar_type());
+}
+}  // namespace
+
 torch::Tensor copy_to_tp_region(const torch::Tensor& x, Communicator* tp) {
   return trivial(tp) ? x : CopyToRegion::apply(x, tp);
 }
@@ -169,7 +178,7 @@ TpSplit ColumnParallelLinearImpl::split_of(const std::string& parameter) {
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
-  auto y = gemm_linear(copy_to_tp_region(x, tp_), weight, bias);  // [.., out/t]
+  auto y = gemm_linear(copy_to_tp_region(x, tp_), like(weight, x), like(bias, x));  // [.., out/t]
   return gather_output_ ? gather_from_tp_region(y, tp_) : y;
 }
 
@@ -191,9 +200,9 @@ TpSplit RowParallelLinearImpl::split_of(const std::string& parameter) {
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
-  if (trivial(tp_)) return gemm_linear(x, weight, bias);  // one rank: the GEMM with the bias
+  if (trivial(tp_)) return gemm_linear(x, like(weight, x), like(bias, x));  // one rank: the GEMM with the bias
   auto x_local = input_is_parallel_ ? x : scatter_to_tp_region(x, tp_);  // [.., in/t]
-  return reduce_from_tp_region(gemm_linear(x_local, weight), tp_) + bias;  // bias once, after the sum
+  return reduce_from_tp_region(gemm_linear(x_local, like(weight, x)), tp_) + like(bias, x);  // bias once, after the sum
 }
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t padded_vocab, int64_t hidden, Communicator* tp,
@@ -217,11 +226,15 @@ TpSplit VocabParallelEmbeddingImpl::split_of(const std::string& parameter) {
 torch::Tensor VocabParallelEmbeddingImpl::forward(const torch::Tensor& tokens) {
   TORCH_CHECK(tokens.scalar_type() == torch::kLong, "VocabParallelEmbedding expects int64 tokens, got ",
               tokens.scalar_type());
-  if (trivial(tp_)) return F::embedding(tokens, weight);
+  auto rows = [&](const torch::Tensor& ids) {  // gathered in fp32, then cast (no copy under fp32)
+    auto r = F::embedding(ids, weight);
+    return r.scalar_type() == output_dtype_ ? r : r.to(output_dtype_);
+  };
+  if (trivial(tp_)) return rows(tokens);
   auto outside = (tokens < start_) | (tokens >= end_);
   auto local = (tokens - start_).masked_fill(outside, 0);  // any valid row; zeroed below
-  auto out = F::embedding(local, weight).masked_fill(outside.unsqueeze(-1), 0.0);
-  return reduce_from_tp_region(out, tp_);
+  auto out = rows(local).masked_fill(outside.unsqueeze(-1), 0.0);
+  return reduce_from_tp_region(out, tp_);  // summed over TP in the output dtype
 }
 
 torch::Tensor vocab_parallel_cross_entropy(const torch::Tensor& logits_local, const torch::Tensor& labels,
@@ -246,7 +259,7 @@ torch::Tensor parallel_lm_logits(const torch::Tensor& x, const torch::Tensor& wo
   TORCH_CHECK(word_embedding_local.dim() == 2 && x.size(-1) == word_embedding_local.size(1),
               "parallel_lm_logits: x [.., ", x.size(-1), "] does not match the embedding shard ",
               word_embedding_local.sizes());
-  return gemm_linear(copy_to_tp_region(x, tp), word_embedding_local);  // [.., Vp/t]
+  return gemm_linear(copy_to_tp_region(x, tp), like(word_embedding_local, x));  // [.., Vp/t], x's dtype
 }
 
 }  // namespace optcc

@@ -59,6 +59,9 @@ struct TpSplit {
   bool vocab_padded = false;
 };
 
+/// Both linear layers compute in x's dtype: their fp32 weight and bias are cast to it where used
+/// (mixed precision; fp32 x: no cast), and the gradients return fp32 to the parameters.
+///
 /// y = x W^T + b with W's output rows split over the group (Megatron ColumnParallelLinear).
 /// Input x [.., in] replicated; output [.., out/t] (or [.., out] replicated if gather_output).
 /// REQUIRES out % t == 0.
@@ -103,7 +106,12 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
  public:
   VocabParallelEmbeddingImpl(int64_t padded_vocab, int64_t hidden, Communicator* tp, double std, uint64_t seed,
                              uint64_t tag);
+  /// tokens [..] int64 -> rows [.., hidden] in output_dtype() (fp32 unless set), summed over TP.
   torch::Tensor forward(const torch::Tensor& tokens);
+  /// Mixed precision: the rows are gathered from the fp32 weight and cast to `dtype` before the TP
+  /// all-reduce (so it carries the compute dtype). Default Float: no cast.
+  void set_output_dtype(c10::ScalarType dtype) { output_dtype_ = dtype; }
+  c10::ScalarType output_dtype() const { return output_dtype_; }
   int64_t vocab_start() const { return start_; }  // first global row held here
   int64_t vocab_end() const { return end_; }      // one past the last
   /// "weight": rows (dim 0) of the padded vocabulary. Throws std::invalid_argument otherwise.
@@ -112,6 +120,7 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
  private:
   Communicator* tp_;
   int64_t start_, end_;
+  c10::ScalarType output_dtype_ = c10::ScalarType::Float;
 };
 TORCH_MODULE(VocabParallelEmbedding);
 

@@ -8,6 +8,7 @@
 #include "compression/options.h"
 #include "compat/torch_compat.h"
 #include "harness/parallel/device.h"
+#include "models/precision.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -41,6 +42,22 @@ void check_positive(const std::string& key, int64_t v) {
 
 void check_probability(const std::string& key, double v) {
   if (!(v >= 0.0 && v < 1.0)) fail(key, fmt::format("{}", v), "must be in [0, 1)", "use e.g. 0.1");
+}
+
+// train.precision: a name models/precision.h knows; fp16 only once loss scaling exists.
+void check_precision(const std::string& precision) {
+  try {
+    (void)precision_dtype(precision);
+  } catch (const std::invalid_argument&) {
+    fail("train.precision", "'" + precision + "'", fmt::format("must be one of {}", fmt::join(precision_names(), ", ")),
+         "use fp32 (the default) or bf16");
+  }
+  if (precision == "fp16") {
+    fail("train.precision", "'fp16'",
+         "fp16 training needs dynamic loss scaling (its gradients underflow without it), which optcc does not "
+         "have yet",
+         "use bf16 (the same 2 bytes per element on the wire, with fp32's exponent range) or fp32");
+  }
 }
 
 void validate_model(const Config& c) {
@@ -166,6 +183,7 @@ void validate_train(const Config& c) {
   check_positive("train.eval_iters", t.eval_iters);
   if (t.threads < 0) fail("train.threads", std::to_string(t.threads), "must be >= 0",
                           "use 0 for automatic");
+  check_precision(t.precision);
 }
 
 void validate_reducer(const std::string& where, const CompressorSpec& spec) {

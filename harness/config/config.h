@@ -77,6 +77,9 @@ struct TrainConfig {
   int64_t eval_interval = 50;      // steps between validation runs; 0 = only at the end
   int64_t eval_iters = 10;         // validation micro-batches per evaluation
   int64_t threads = 0;             // intra-op CPU threads per rank; 0 = cores / local ranks
+  std::string precision = "fp32";  // compute dtype: fp32 | bf16 (fp32 master weights, optimizer
+                                   // state and compressor state; models/precision.h). fp16 is
+                                   // refused until dynamic loss scaling exists
   template <class V> void visit(V&& v);
 };
 

@@ -47,6 +47,7 @@ template <class V> void TrainConfig::visit(V&& v) {
   v("eval_interval", eval_interval);
   v("eval_iters", eval_iters);
   v("threads", threads);
+  v("precision", precision);
 }
 
 template <class V> void DataConfig::visit(V&& v) {

@@ -35,12 +35,14 @@ std::vector<std::array<int64_t, 3>> model_gemm_shapes(const GptOptions& o, int64
   return {{rows, h, 3 * h}, {rows, h, h}, {rows, h, 4 * h}, {rows, 4 * h, h}, {rows, h, o.vocab_size}};
 }
 
-// GFLOP/s of `lib` over `shapes` (each m x k times the transpose of an [n, k] weight): total FLOPs
-// over the median time of 5 passes through all shapes, after one untimed pass.
-double gemm_gflops(GemmLibrary lib, const std::vector<std::array<int64_t, 3>>& shapes, const torch::Device& device) {
+// GFLOP/s of `mm` (out = a·b) over `shapes` (each m x k times the transpose of an [n, k] weight) in
+// `dtype`: total FLOPs over the median time of 5 passes through all shapes, after one untimed pass.
+template <class Mm>
+double gemm_gflops(const Mm& mm, const std::vector<std::array<int64_t, 3>>& shapes, const torch::Device& device,
+                   torch::ScalarType dtype) {
   std::vector<torch::Tensor> xs, ws, ys;
   double flops = 0;
-  const auto on = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  const auto on = torch::TensorOptions().dtype(dtype).device(device);
   for (const auto& [m, k, n] : shapes) {
     xs.push_back(torch::randn({m, k}, on));
     ws.push_back(torch::randn({n, k}, on));
@@ -48,16 +50,15 @@ double gemm_gflops(GemmLibrary lib, const std::vector<std::array<int64_t, 3>>& s
     flops += 2.0 * double(m) * double(k) * double(n);
   }
   auto pass = [&] {
-    for (size_t i = 0; i < shapes.size(); ++i) mm_f32_out_with(lib, ys[i], xs[i], ws[i].t());
+    for (size_t i = 0; i < shapes.size(); ++i) mm(ys[i], xs[i], ws[i].t());
   };
   pass();
   synchronize(device);
   std::vector<double> times;
   for (int i = 0; i < 5; ++i) {
-    auto t0 = Clock::now();
+    SpanTimer timer(device);  // CUDA events on a GPU
     pass();
-    synchronize(device);
-    times.push_back(seconds_since(t0));
+    times.push_back(timer.seconds());
   }
   return flops / median(times) / 1e9;
 }
@@ -106,14 +107,26 @@ StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t th
   r.step_seconds = median(times);
   r.tokens_per_second = cfg.train.global_batch_size * o.seq_len / r.step_seconds;
   r.model_gflops = gpt_train_flops(o, cfg.train.global_batch_size) / r.step_seconds / 1e9;
-  r.linear_library = placement.on_gpu() ? "ATen (CUDA)" : gemm_library();
+  r.precision = cfg.train.precision;
+  r.cpu_bf16 = cpu_bf16_instructions();
+  r.linear_library = placement.on_gpu() ? "ATen (CUDA)" : o.compute_dtype == torch::kFloat ? gemm_library() : "ATen";
   r.allocator = cpu_allocator();
-  // On a GPU only ATen runs the GEMMs (oneDNN and the thin kernels are CPU libraries).
-  const auto libraries = placement.on_gpu() ? std::vector<GemmLibrary>{GemmLibrary::kAten} : gemm_libraries();
-  for (GemmLibrary lib : libraries) {
-    const double g = gemm_gflops(lib, model_gemm_shapes(o, cfg.train.micro_batch_size), placement.device);
-    r.gemm.push_back({gemm_library_name(lib), g});
-    if (g > r.gemm_gflops) r.gemm_gflops = g, r.gemm_library = gemm_library_name(lib);
+  // The GEMM rates in the step's compute dtype. fp32: every library this build has (on a GPU only
+  // ATen: oneDNN and the thin kernels are CPU libraries). bf16 / fp16: ATen, which the model uses.
+  const auto shapes = model_gemm_shapes(o, cfg.train.micro_batch_size);
+  if (o.compute_dtype == torch::kFloat) {
+    const auto libraries = placement.on_gpu() ? std::vector<GemmLibrary>{GemmLibrary::kAten} : gemm_libraries();
+    for (GemmLibrary lib : libraries) {
+      const auto mm = [lib](torch::Tensor& y, const torch::Tensor& a, const torch::Tensor& b) { mm_f32_out_with(lib, y, a, b); };
+      const double g = gemm_gflops(mm, shapes, placement.device, torch::kFloat);
+      r.gemm.push_back({gemm_library_name(lib), g});
+      if (g > r.gemm_gflops) r.gemm_gflops = g, r.gemm_library = gemm_library_name(lib);
+    }
+  } else {
+    const auto mm = [](torch::Tensor& y, const torch::Tensor& a, const torch::Tensor& b) { at::mm_out(y, a, b); };
+    r.gemm_library = std::string("ATen at::mm ") + cfg.train.precision;
+    r.gemm_gflops = gemm_gflops(mm, shapes, placement.device, o.compute_dtype);
+    r.gemm.push_back({r.gemm_library, r.gemm_gflops});
   }
   r.ratio = r.model_gflops / r.gemm_gflops;
   return r;

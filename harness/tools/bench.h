@@ -17,7 +17,7 @@ struct StepBenchResult {
   double step_seconds = 0;       // median over timed steps, s
   double tokens_per_second = 0;  // global_batch_size * seq_len / step_seconds
   double model_gflops = 0;       // achieved: gpt_train_flops / step_seconds / 1e9
-  double gemm_gflops = 0;        // the best library's fp32 GEMM rate at the model's shapes, GFLOP/s
+  double gemm_gflops = 0;        // the best library's GEMM rate at the model's shapes in the compute dtype, GFLOP/s
   std::string gemm_library;      // ... and its name
   std::vector<std::pair<std::string, double>> gemm;  // every library: name, GFLOP/s
   std::string linear_library;    // what the model's linear layers ran on (kernels/gemm.h gemm_library())
@@ -25,6 +25,8 @@ struct StepBenchResult {
   double ratio = 0;              // model_gflops / gemm_gflops; near 1 = GEMM-bound at full speed
   int64_t threads = 0;
   std::string device;            // where the step ran: "cpu" or "cuda:0" (parallel.device)
+  std::string precision;         // train.precision the step computed in (fp32, bf16)
+  std::string cpu_bf16;          // the CPU's bf16 instructions (kernels/gemm.h cpu_bf16_instructions())
 };
 
 /// Runs `warmup` untimed and `steps` timed training steps of `cfg` on random tokens (no data files

@@ -2,6 +2,8 @@
 // collectives and sends the runtime issues; the header lists them class by class.
 #include "harness/tools/traffic_estimate.h"
 
+#include "models/precision.h"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -68,7 +70,7 @@ ReducerPlan none_reducer_plan(const std::vector<std::vector<int64_t>>& shapes, i
 ReducerPlan powersgd_plan(const CompressorSpec& spec, const std::vector<std::vector<int64_t>>& shapes,
                           const TrafficModelOptions& o) {
   PowerSgdOptions opt = PowerSgdOptions::from_yaml(spec.options);
-  if (o.step < opt.warmup_steps) return none_reducer_plan(shapes, o.element_bytes);
+  if (o.step < opt.warmup_steps) return none_reducer_plan(shapes, gradient_element_bytes(o));
   if (o.reference_powersgd) opt.min_compression_rate = 0.0;
   int64_t p_numel = 0, q_numel = 0, raw_numel = 0;
   double gemm = 0, orth = 0, low_numel = 0;
@@ -196,7 +198,7 @@ ReducerPlan reducer_plan(const CompressorSpec& spec, const std::vector<std::vect
                          const TrafficModelOptions& o) {
   (void)n;  // the operations do not depend on the group size; the bytes one rank sends do (sent_bytes)
   const std::string& name = spec.name;
-  if (name == "none") return none_reducer_plan(shapes, o.element_bytes);
+  if (name == "none") return none_reducer_plan(shapes, gradient_element_bytes(o));
   const int64_t numel = total_numel(shapes);
   if (name == "fp16" || name == "bf16") {  // cast_reducer.h: Gloo (CPU) all-gathers the bf16 bits
     const auto kind = name == "bf16" && o.gloo ? CollectiveKind::kAllGather : CollectiveKind::kAllReduce;
@@ -274,12 +276,22 @@ const RankTrafficEstimate& TrafficEstimate::gpu(int stage) const {
 
 namespace {
 
+}  // namespace
+
+int64_t activation_element_bytes(const Config& cfg, const TrafficModelOptions& o) {
+  return o.element_bytes > 0 ? o.element_bytes : precision_element_bytes(cfg.train.precision);
+}
+
+int64_t gradient_element_bytes(const TrafficModelOptions& o) { return o.element_bytes > 0 ? o.element_bytes : 4; }
+
+namespace {
+
 void check_traffic_inputs(const Config& cfg, const TrafficModelOptions& o) {
   if (cfg.model.vocab_size <= 0) {
     throw ConfigError("config error: model.vocab_size = 0: the traffic model needs the vocabulary. Fix: "
                       "--set model.vocab_size=N, or prepare the dataset so <data.prefix>.json gives it.");
   }
-  if (o.element_bytes < 1) throw ConfigError("traffic model: element_bytes (β) must be >= 1");
+  if (o.element_bytes < 0) throw ConfigError("traffic model: element_bytes (β) must be >= 1, or 0 for train.precision's");
   const auto& k = cfg.compression;
   if (k.backward_phases != "all" && k.backward_phases != "epilogue") {
     throw ConfigError(fmt::format("config error: compression.backward_phases = '{}': must be all or epilogue",
@@ -308,7 +320,8 @@ TrafficEstimate estimate_frame(const Config& cfg, const TrafficModelOptions& o) 
 
 // What every stage's estimate needs besides its parameters.
 struct StageInputs {
-  int64_t beta = 4;                  // bytes per activation/gradient element
+  int64_t beta = 4;                  // bytes per activation element (pipeline, TP)
+  int64_t grad_beta = 4;             // bytes per gradient element (DP, embedding)
   int64_t fwd_bytes = 0;             // one forward message (codec payload or slice·β)
   int64_t bwd_bytes_compressed = 0;  // one compressed backward message
   bool bwd_codec = false;            // pipeline_backward compresses
@@ -341,7 +354,8 @@ StageInputs stage_inputs(const Config& cfg, TrafficEstimate& e, const TrafficMod
   const auto& k = cfg.compression;
   const int64_t slice = e.slice_elements;
   StageInputs in;
-  in.beta = o.element_bytes;
+  in.beta = activation_element_bytes(cfg, o);
+  in.grad_beta = gradient_element_bytes(o);
   const auto fwd = build_codec(cfg, k.pipeline_forward, "compression.pipeline_forward");
   const auto bwd = build_codec(cfg, k.pipeline_backward, "compression.pipeline_backward");
   in.fwd_bytes = fwd ? codec_bytes(*fwd, slice, "compression.pipeline_forward", k.pipeline_forward) : slice * in.beta;
@@ -414,7 +428,7 @@ bool stage_dp_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEstimate&
   g.dp = sent_bytes(dpb.steps, d);
   g.dp_steps = std::move(dpb.steps);
   if (!k.fused_embedding && g.holds_word_embedding && dp_spec.name == "none") {
-    g.dp_word_embedding_share = all_reduce_bytes(d, in.emb_elements * in.beta);
+    g.dp_word_embedding_share = all_reduce_bytes(d, in.emb_elements * in.grad_beta);
   }
   return dpb.modelled;
 }
@@ -429,7 +443,7 @@ bool stage_embedding_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEs
   const int64_t n = k.fused_embedding ? (p > 1 ? 2 * d : d) : (p > 1 ? 2 : 1);
   g.embedding_group = n;
   if (k.embedding.name == "none") {
-    g.embedding_steps = {collective(CollectiveKind::kAllReduce, in.emb_elements * in.beta, "word-embedding all-reduce")};
+    g.embedding_steps = {collective(CollectiveKind::kAllReduce, in.emb_elements * in.grad_beta, "word-embedding all-reduce")};
     g.embedding = sent_bytes(g.embedding_steps, n);
     return true;
   }
@@ -564,7 +578,7 @@ void fe_sc_rows(PaperTrafficRows& rows, const Config& cfg, const Config& base, c
   fe.compression.fused_embedding = true;
   rows.embedding_total_fe = estimate_traffic(fe, o).cluster_total(Traffic::kEmbedding);
   const int64_t holders = (p > 1 ? 2 : 1) * t * d;  // ranks with a word-embedding copy
-  const int64_t emb_bytes = cfg.padded_vocab_size() / t * cfg.model.hidden_size * o.element_bytes;  // E·β
+  const int64_t emb_bytes = cfg.padded_vocab_size() / t * cfg.model.hidden_size * gradient_element_bytes(o);  // E·β
   rows.embedding_total_fe_reference = holders > 1 ? 2 * (holders - 1) * emb_bytes : 0;  // one group of them all
   CompressionConfig fesc;
   apply_compression_scheme(fesc, "cb_fe_sc");
@@ -599,7 +613,7 @@ PaperTrafficRows paper_traffic_rows(const Config& cfg, const TrafficModelOptions
   apply_compression_scheme(base.compression, "baseline");
   const TrafficEstimate b = estimate_traffic(base, o);
   for (const auto& g : b.stages) rows.stage_parameters.push_back(g.parameters);
-  rows.pp_message = own.message_elements * o.element_bytes;
+  rows.pp_message = own.message_elements * activation_element_bytes(cfg, o);
   rows.pp_forward_total = stage_sum(b, &StageTrafficEstimate::pp_fwd_send, per_stage);
   rows.pp_backward_baseline = stage_sum(b, &StageTrafficEstimate::pp_bwd_send, per_stage);
   for (const auto& g : b.stages) rows.dp_per_gpu_baseline.push_back(g.dp);

@@ -67,9 +67,19 @@ struct ParamShape {
 /// REQUIRES 0 <= stage < parallel.pp (std::out_of_range otherwise); h, 4h and Vp divisible by t.
 std::vector<ParamShape> stage_parameter_shapes(const Config& cfg, int stage);
 
+struct TrafficModelOptions;
+/// Bytes per activation element the model counts: o.element_bytes when set, else the compute
+/// dtype's of train.precision (models/precision.h).
+int64_t activation_element_bytes(const Config& cfg, const TrafficModelOptions& o);
+/// Bytes per gradient element: o.element_bytes when set, else 4 (fp32 master gradients).
+int64_t gradient_element_bytes(const TrafficModelOptions& o);
+
 struct TrafficModelOptions {
   bool recompute = false;      // k_TP = 6 (full activation recomputation, as the paper's runs)
-  int64_t element_bytes = 4;   // β: bytes per activation / gradient element (optcc trains fp32)
+  /// β: bytes per activation and gradient element. 0 (default): activations (pipeline messages,
+  /// TP all-reduces) in train.precision's compute dtype, gradients (DP, embedding) in fp32, as a
+  /// run meters them; N > 0: both N (e.g. 2 for the paper's all-fp16 Megatron runs).
+  int64_t element_bytes = 0;
   int64_t ranks_per_node = 0;  // 0: parallel.ranks_per_node, or 8 (the paper's nodes) if that is 0
   /// DP PowerSGD as the reference (spec §6.2): every ≥2-D gradient compressed, i.e. the reducer's
   /// min_compression_rate treated as 0. Off: the configured rule (default 2.0, BR-04).

@@ -54,6 +54,13 @@ std::string describe_scheme(const Config& cfg) {
 
 namespace {
 
+// "2 B" or "2 B (activations, train.precision bf16) / 4 (gradients)".
+std::string beta_text(const Config& cfg, const TrafficModelOptions& o) {
+  const int64_t a = activation_element_bytes(cfg, o), g = gradient_element_bytes(o);
+  if (o.element_bytes > 0) return fmt::format("{} B", a);
+  return fmt::format("{} B (activations, train.precision {}) / {} B (gradients)", a, cfg.train.precision, g);
+}
+
 void report_header(std::string& out, const Config& cfg, const TrafficEstimate& e, const TrafficModelOptions& o) {
   out += fmt::format(
       "optcc traffic (analytic, bytes per iteration; decimal units): model '{}' L={} h={} heads={} s={} vocab {} "
@@ -61,11 +68,11 @@ void report_header(std::string& out, const Config& cfg, const TrafficEstimate& e
       cfg.model.preset, cfg.model.num_layers, cfg.model.hidden_size, cfg.model.num_heads, cfg.model.seq_len,
       cfg.model.vocab_size, cfg.padded_vocab_size());
   out += fmt::format(
-      "layout tp={} pp={} dp={} = {} GPUs, {} per node ({} nodes); b={} B={} m={}; β={} B; k_TP={} ({}); "
+      "layout tp={} pp={} dp={} = {} GPUs, {} per node ({} nodes); b={} B={} m={}; β={}; k_TP={} ({}); "
       "scatter-gather {}\n",
       e.dims.tp, e.dims.pp, e.dims.dp, e.dims.world(), e.ranks_per_node,
       (e.dims.world() + e.ranks_per_node - 1) / e.ranks_per_node, cfg.train.micro_batch_size,
-      cfg.train.global_batch_size, e.micro_batches, o.element_bytes, e.k_tp,
+      cfg.train.global_batch_size, e.micro_batches, beta_text(cfg, o), e.k_tp,
       o.recompute ? "full recomputation" : "no recomputation", e.scatter_gather ? "on" : "off");
   out += describe_scheme(cfg) + "\n";
   if (o.reference_powersgd) out += "DP PowerSGD modelled with the reference's rule: every >=2-D gradient compressed\n";
@@ -258,7 +265,8 @@ std::string traffic_report_json(const Config& cfg, const TrafficEstimate& e, con
                  {"micro_batches", e.micro_batches}};
   j["options"] = {{"recompute", o.recompute},
                   {"k_tp", e.k_tp},
-                  {"element_bytes", o.element_bytes},
+                  {"element_bytes", activation_element_bytes(cfg, o)},
+                  {"gradient_element_bytes", gradient_element_bytes(o)},
                   {"reference_powersgd", o.reference_powersgd},
                   {"scatter_gather", e.scatter_gather}};
   j["compression"] = describe_scheme(cfg);

@@ -31,6 +31,7 @@
 #include "harness/train/run_setup.h"
 #include "harness/train/sc_choice.h"
 #include "harness/train/stage_functions.h"
+#include "models/precision.h"
 #include "harness/parallel/stage_link.h"
 #include "harness/parallel/threads.h"
 #include "harness/parallel/nic_table.h"  // monotonic_ns
@@ -61,7 +62,7 @@ double validation_loss(GptModel& model, const Config& c, Distributed& d, const P
                 const std::vector<int64_t>& act_shape, const data::GptDataset* valid) {
   torch::NoGradGuard no_grad;
   StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape},
-                 torch::TensorOptions().dtype(torch::kFloat).device(d.placement.device), codec.fork());
+                 torch::TensorOptions().dtype(model->options().compute_dtype).device(d.placement.device), codec.fork());
   auto cpu_gen = at::detail::getDefaultCPUGenerator();
   const torch::Tensor cpu_state = cpu_gen.get_state(), attention_state = model->attention_generator().get_state();
   model->eval();
@@ -108,6 +109,7 @@ GptOptions gpt_options(const Config& c) {
   o.attention_dropout = c.model.attention_dropout;
   o.init_std = c.model.init_std;
   o.seed = static_cast<uint64_t>(c.train.seed);
+  o.compute_dtype = precision_dtype(c.train.precision);
   return o;
 }
 
@@ -236,7 +238,8 @@ void Trainer::build_pipeline() {
   codec_->enable_orthogonality_check(cfg_.log.lep_orthogonality && range_.is_last && stages_ > 1);
   codec_->enable_lep_diagnostics(cfg_.log.lep_diagnostics && !range_.is_first);  // the stages that send backward
   link_ = std::make_unique<StageLink>(*d_.pp, d_.tp.get(), StageLinkShapes{act_shape_, act_shape_},
-                                      torch::TensorOptions().dtype(torch::kFloat).device(d_.placement.device), codec_);
+                                      torch::TensorOptions().dtype(model_->options().compute_dtype).device(d_.placement.device),
+                                      codec_);  // activations cross stages in the compute dtype
   if (comp.tp.name != "none" && d_.tp) {  // before SC's calibration step and evaluation (TP all-reduces)
     d_.tp->set_all_reduce_wire_dtype(Traffic::kTensorParallel, comp.tp.name == "fp16" ? torch::kHalf : torch::kBFloat16);
   }
@@ -383,10 +386,13 @@ void Trainer::log_start() const {
                stage_layers_text(cfg_));
   if (d_.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d_.env.source, rank_table(d_));
   if (!d_.placement.decided.empty()) spdlog::info("placement (rank 0): {}", d_.placement.decided);
-  spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}, fp32 "
-               "GEMMs: {}, heap: {}; results -> {}",
+  // fp32 GEMMs go through kernels/gemm.h's choice; other dtypes through ATen (gemm.h).
+  const bool fp32 = cfg_.train.precision == "fp32";
+  spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}, "
+               "precision {}{}, GEMMs: {}, heap: {}; results -> {}",
                cfg_.train.train_steps, cfg_.train.global_batch_size, m_, cfg_.train.micro_batch_size,
-               at::get_num_threads(), d_.placement.on_gpu() ? "ATen (CUDA)" : gemm_library(), cpu_allocator(),
+               at::get_num_threads(), cfg_.train.precision, fp32 ? "" : " (fp32 master weights, optimizer and compressor state)",
+               d_.placement.on_gpu() ? "ATen (CUDA)" : (fp32 ? gemm_library() : "ATen"), cpu_allocator(),
                summary_.results_path);
   // The backward phases and the LEP variant only act on compressed backward sends: name them then.
   const std::string lep = comp.lep == "lazy_decay" ? fmt::format("lazy_decay {}", comp.lep_decay) : comp.lep;

@@ -408,6 +408,39 @@ INSTANTIATE_TEST_SUITE_P(AllCodecsAllMessages, CodecBound,
                            return n;
                          });
 
+// Mixed precision: the pipeline carries activations in the compute dtype, and PipelineCodec hands
+// every codec the fp32 upcast of the bf16 message, its state (warm-start Q, errors) fp32; the
+// receiving stage casts the decoded slice back to bf16 (stage_link.h). The bound holds across that
+// boundary with bf16's rounding as the only slack: ‖cast(y) − x‖ ≤ ‖y − x‖ + 2⁻⁸‖y‖ ≤ (1 + 2⁻⁷)‖x‖.
+class CodecBoundBf16 : public ::testing::TestWithParam<std::tuple<size_t, std::string>> {};
+
+TEST_P(CodecBoundBf16, ErrorNeverExceedsTheMessageNormAcrossTheCasts) {
+  const auto& [name, o] = kCodecs[std::get<0>(GetParam())];
+  const std::string& kind = std::get<1>(GetParam());
+  const std::string what = name + o + " " + kind + " (bf16 message)";
+  auto codec = make_act_codec(name, o.empty() ? YAML::Node() : opts(o));
+  for (const auto& k : kMessageKinds) codec->encode(message(k, 40).to(torch::kBFloat16).to(torch::kFloat));  // warm
+  const auto x = message(kind, 30).to(torch::kBFloat16).to(torch::kFloat);  // what the codec is handed
+  const auto y = round_trip(*codec, *codec, x).to(torch::kBFloat16);         // what the next stage computes on
+  ASSERT_EQ(codec->last_error().scalar_type(), torch::kFloat) << what;      // LEP's buffer stays fp32
+  ASSERT_TRUE(torch::isfinite(y).all().item<bool>()) << what;
+  const double err = (y.to(torch::kDouble) - x.to(torch::kDouble)).norm().item<double>();
+  const double norm = x.to(torch::kDouble).norm().item<double>();
+  if (norm == 0) {
+    EXPECT_EQ(y.abs().max().item<float>(), 0.0f) << what;
+    return;
+  }
+  EXPECT_LE(err, norm * (1 + std::ldexp(1.0, -7))) << what << ": error " << err << " > norm " << norm;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCodecsAllMessages, CodecBoundBf16,
+                         ::testing::Combine(::testing::Range<size_t>(0, kCodecs.size()),
+                                            ::testing::ValuesIn(kMessageKinds)),
+                         [](const auto& info) {
+                           return std::to_string(std::get<0>(info.param)) + "_" +
+                                  kCodecs[std::get<0>(info.param)].first + "_" + std::get<1>(info.param);
+                         });
+
 // int4 on a wide row: with the grid min + k·scale, 0 falls between two levels and every zero of
 // the row decodes to up to scale/2: [0.5, −0.5, 0 × 1022] gave an error of 1.07 on a norm of
 // 0.71. With 0 on the grid the zeros are exact; elementwise |error| ≤ |x|.

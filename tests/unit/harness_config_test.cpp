@@ -117,6 +117,25 @@ TEST(Config, BatchRuleNamesValuesAndFix) {
   EXPECT_THAT(msg, HasSubstr("set it to 8 or 12"));
 }
 
+TEST(Config, PrecisionNamesTheAcceptedValuesAndRefusesFp16UntilLossScaling) {
+  Config c;
+  c.model.vocab_size = 100;
+  c.train.precision = "bf16";
+  EXPECT_NO_THROW(c.validate(1));
+  c.train.precision = "half";
+  auto msg = validate_error(c);
+  EXPECT_THAT(msg, HasSubstr("train.precision = 'half'"));
+  EXPECT_THAT(msg, HasSubstr("must be one of fp32, bf16, fp16"));
+  c.train.precision = "fp16";
+  msg = validate_error(c);
+  EXPECT_THAT(msg, HasSubstr("train.precision = 'fp16'"));
+  EXPECT_THAT(msg, HasSubstr("loss scaling"));
+  EXPECT_THAT(msg, HasSubstr("Fix: use bf16"));
+  Config y;  // from YAML, through the same visit()
+  apply_override(y, "train.precision=bf16");
+  EXPECT_EQ(y.train.precision, "bf16");
+}
+
 TEST(Config, HeadsDivisibleByTensorParallel) {  // BR-16
   Config c;
   c.model.vocab_size = 100;

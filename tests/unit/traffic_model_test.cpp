@@ -388,6 +388,52 @@ TEST(TrafficModelVsMeters, CodecsEverywhere) {
   expect_model_equals_meters(c, "codecs");
 }
 
+// train.precision bf16: pipeline messages, TP all-reduces and the receivers' all-gathers carry 2 bytes
+// per element, the DP and embedding gradients stay fp32 (4); the model derives both from the config.
+TEST(TrafficModelVsMeters, BaselineBf16) {
+  Config c = measured_config();
+  c.train.precision = "bf16";
+  expect_model_equals_meters(c, "baseline_bf16");
+}
+
+TEST(TrafficModelVsMeters, CbFeScBf16) {
+  Config c = measured_config();
+  c.train.precision = "bf16";
+  apply_override(c, "compression.scheme=cb_fe_sc");
+  apply_override(c, "compression.pipeline_backward={name: lowrank, rank: 4}");
+  apply_override(c, "compression.dp={name: powersgd, rank: 4, warmup_steps: 0}");
+  apply_override(c, "compression.dp_stages=1");
+  expect_model_equals_meters(c, "cb_fe_sc_bf16");
+}
+
+// At bf16 the pipeline classes are half of fp32's, byte for byte; TP is half but for the vocab-
+// parallel cross-entropy's all-reduces (fp32 logits: 4 bytes either way); gradient classes equal.
+TEST(TrafficModel, Bf16HalvesActivationTrafficAndKeepsGradients) {
+  Config fp32 = measured_config();
+  fp32.model.vocab_size = 64;
+  Config bf16 = fp32;
+  bf16.train.precision = "bf16";
+  const TrafficModelOptions o;
+  const TrafficEstimate a = estimate_traffic(fp32, o), b = estimate_traffic(bf16, o);
+  for (Traffic c : {Traffic::kPipelineForward, Traffic::kPipelineBackward}) {
+    EXPECT_GT(a.cluster_total(c), 0) << traffic_name(c);
+    EXPECT_EQ(b.cluster_total(c) * 2, a.cluster_total(c)) << traffic_name(c);
+  }
+  const int64_t tp32 = a.cluster_total(Traffic::kTensorParallel), tp16 = b.cluster_total(Traffic::kTensorParallel);
+  EXPECT_LT(tp16, tp32);
+  EXPECT_GT(tp16 * 2, tp32);  // = tp32 + the cross-entropy's bytes
+  for (Traffic c : {Traffic::kDataParallel, Traffic::kEmbedding}) {
+    EXPECT_GT(a.cluster_total(c), 0) << traffic_name(c);
+    EXPECT_EQ(b.cluster_total(c), a.cluster_total(c)) << traffic_name(c);
+  }
+  EXPECT_EQ(activation_element_bytes(bf16, o), 2);
+  EXPECT_EQ(gradient_element_bytes(o), 4);
+  TrafficModelOptions paper;
+  paper.element_bytes = 2;  // the paper's all-fp16 runs: --element-bytes 2 sets both
+  EXPECT_EQ(activation_element_bytes(fp32, paper), 2);
+  EXPECT_EQ(gradient_element_bytes(paper), 2);
+}
+
 class DpReducers : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DpReducers, ModelEqualsMeters) {
