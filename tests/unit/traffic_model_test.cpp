@@ -406,6 +406,14 @@ TEST(TrafficModelVsMeters, CbFeScBf16) {
   expect_model_equals_meters(c, "cb_fe_sc_bf16");
 }
 
+// compression.tp: bf16 on an fp32 run: the TP all-reduces cast to bf16 and sum through the
+// Communicator's Gloo path (all-to-all, fp32 sum, all-gather), metered as the model says.
+TEST(TrafficModelVsMeters, TpBf16Wire) {
+  Config c = measured_config();
+  apply_override(c, "compression.tp=bf16");
+  expect_model_equals_meters(c, "tp_bf16");
+}
+
 // At bf16 the pipeline classes are half of fp32's, byte for byte; TP is half but for the vocab-
 // parallel cross-entropy's all-reduces (fp32 logits: 4 bytes either way); gradient classes equal.
 TEST(TrafficModel, Bf16HalvesActivationTrafficAndKeepsGradients) {
