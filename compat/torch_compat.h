@@ -74,6 +74,14 @@ inline std::string torch_version() {
          std::to_string(TORCH_VERSION_PATCH);
 }
 
+/// Whether ATen has fp16 GEMMs on the CPU: LibTorch 1.13 has none ("addmm_impl_cpu_" not
+/// implemented for 'Half'), 2.x has. train.precision: fp16 on CPU ranks needs it.
+#if TORCH_VERSION_MAJOR >= 2
+inline constexpr bool kCpuFp16Gemm = true;
+#else
+inline constexpr bool kCpuFp16Gemm = false;
+#endif
+
 inline std::string build_description() {
   return "LibTorch " + torch_version() + (kBuiltWithCuda ? ", CUDA" : ", CPU only (built without CUDA)");
 }

@@ -44,19 +44,45 @@ void check_probability(const std::string& key, double v) {
   if (!(v >= 0.0 && v < 1.0)) fail(key, fmt::format("{}", v), "must be in [0, 1)", "use e.g. 0.1");
 }
 
-// train.precision: a name models/precision.h knows; fp16 only once loss scaling exists.
-void check_precision(const std::string& precision) {
+// train.precision: a name models/precision.h knows, fp16 where the build has fp16 GEMMs; the loss
+// scale keys only with fp16 (elsewhere they would do nothing).
+void check_precision(const TrainConfig& t) {
   try {
-    (void)precision_dtype(precision);
+    (void)precision_dtype(t.precision);
   } catch (const std::invalid_argument&) {
-    fail("train.precision", "'" + precision + "'", fmt::format("must be one of {}", fmt::join(precision_names(), ", ")),
-         "use fp32 (the default) or bf16");
+    fail("train.precision", "'" + t.precision + "'", fmt::format("must be one of {}", fmt::join(precision_names(), ", ")),
+         "use fp32 (the default), bf16 or fp16");
   }
-  if (precision == "fp16") {
+  if (t.precision == "fp16" && !kCpuFp16Gemm && !kBuiltWithCuda) {
     fail("train.precision", "'fp16'",
-         "fp16 training needs dynamic loss scaling (its gradients underflow without it), which optcc does not "
-         "have yet",
-         "use bf16 (the same 2 bytes per element on the wire, with fp32's exponent range) or fp32");
+         fmt::format("fp16 compute on CPU ranks needs fp16 GEMMs, which {} does not have", build_description()),
+         "use bf16 (the same 2 bytes per element on the wire, with fp32's exponent range), or build optcc against "
+         "LibTorch 2.x (scripts/debian13/test.sh) or a CUDA LibTorch");
+  }
+  const TrainConfig d;
+  if (t.precision != "fp16") {
+    for (const auto& [key, changed] :
+         {std::pair{"train.loss_scale_initial", t.loss_scale_initial != d.loss_scale_initial},
+          std::pair{"train.loss_scale_growth_interval", t.loss_scale_growth_interval != d.loss_scale_growth_interval},
+          std::pair{"train.loss_scale_backoff", t.loss_scale_backoff != d.loss_scale_backoff},
+          std::pair{"train.loss_scale_min", t.loss_scale_min != d.loss_scale_min}}) {
+      if (changed) {
+        fail(key, "set", fmt::format("loss scaling acts only with train.precision: fp16 (this run is {})", t.precision),
+             "remove the key, or set train.precision: fp16");
+      }
+    }
+  }
+  if (!(t.loss_scale_min > 0)) fail("train.loss_scale_min", fmt::format("{}", t.loss_scale_min), "must be > 0", "use 1");
+  if (!(t.loss_scale_initial >= t.loss_scale_min && t.loss_scale_initial <= 16777216.0)) {
+    fail("train.loss_scale_initial", fmt::format("{}", t.loss_scale_initial),
+         fmt::format("must be in [loss_scale_min = {}, 2^24]", t.loss_scale_min), "use 65536 (2^16)");
+  }
+  if (!(t.loss_scale_backoff > 0 && t.loss_scale_backoff < 1)) {
+    fail("train.loss_scale_backoff", fmt::format("{}", t.loss_scale_backoff), "must be in (0, 1)", "use 0.5");
+  }
+  check_positive("train.loss_scale_growth_interval", t.loss_scale_growth_interval);
+  if (t.max_skipped_steps < 0) {
+    fail("train.max_skipped_steps", std::to_string(t.max_skipped_steps), "must be >= 0", "use 20, or 0 for no limit");
   }
 }
 
@@ -183,7 +209,7 @@ void validate_train(const Config& c) {
   check_positive("train.eval_iters", t.eval_iters);
   if (t.threads < 0) fail("train.threads", std::to_string(t.threads), "must be >= 0",
                           "use 0 for automatic");
-  check_precision(t.precision);
+  check_precision(t);
 }
 
 void validate_reducer(const std::string& where, const CompressorSpec& spec) {

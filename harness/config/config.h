@@ -77,9 +77,16 @@ struct TrainConfig {
   int64_t eval_interval = 50;      // steps between validation runs; 0 = only at the end
   int64_t eval_iters = 10;         // validation micro-batches per evaluation
   int64_t threads = 0;             // intra-op CPU threads per rank; 0 = cores / local ranks
-  std::string precision = "fp32";  // compute dtype: fp32 | bf16 (fp32 master weights, optimizer
-                                   // state and compressor state; models/precision.h). fp16 is
-                                   // refused until dynamic loss scaling exists
+  std::string precision = "fp32";  // compute dtype: fp32 | bf16 | fp16 (fp32 master weights,
+                                   // optimizer and compressor state; models/precision.h). fp16
+                                   // scales the loss dynamically (below; harness/train/loss_scaler.h)
+                                   // and needs a GPU or LibTorch 2.x (1.13 has no CPU fp16 GEMM)
+  double loss_scale_initial = 65536.0;    // fp16 only: the loss scale S at step 0
+  int64_t loss_scale_growth_interval = 1000;  // fp16 only: steps without overflow before S doubles
+  double loss_scale_backoff = 0.5;        // fp16 only: S *= backoff on an overflow, in (0, 1)
+  double loss_scale_min = 1.0;            // fp16 only: floor of S
+  int64_t max_skipped_steps = 20;         // a run skipping more steps than this in a row (inf/NaN
+                                          // gradients, any precision) stops with an error; 0 = never
   template <class V> void visit(V&& v);
 };
 

@@ -48,6 +48,11 @@ template <class V> void TrainConfig::visit(V&& v) {
   v("eval_iters", eval_iters);
   v("threads", threads);
   v("precision", precision);
+  v("loss_scale_initial", loss_scale_initial);
+  v("loss_scale_growth_interval", loss_scale_growth_interval);
+  v("loss_scale_backoff", loss_scale_backoff);
+  v("loss_scale_min", loss_scale_min);
+  v("max_skipped_steps", max_skipped_steps);
 }
 
 template <class V> void DataConfig::visit(V&& v) {

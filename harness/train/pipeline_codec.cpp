@@ -353,6 +353,24 @@ std::vector<TensorSpec> PipelineCodec::held_state() const {
   return out;
 }
 
+PipelineCodec::Snapshot PipelineCodec::snapshot() const {
+  Snapshot s;
+  s.forward = forward_ ? forward_->clone() : nullptr;
+  s.backward = backward_ ? backward_->clone() : nullptr;
+  for (const auto& [key, t] : lep_buffers_) s.lep_buffers[key] = t.defined() ? t.clone() : t;
+  s.lep_made_at = lep_made_at_;
+  s.iteration = iteration_;
+  return s;
+}
+
+void PipelineCodec::restore(Snapshot s) {
+  forward_ = std::move(s.forward);
+  backward_ = std::move(s.backward);
+  lep_buffers_ = std::move(s.lep_buffers);
+  lep_made_at_ = std::move(s.lep_made_at);
+  iteration_ = s.iteration;
+}
+
 std::shared_ptr<PipelineCodec> PipelineCodec::fork() const {
   auto f = std::make_shared<PipelineCodec>(forward_ ? forward_->clone() : nullptr,
                                            backward_ ? backward_->clone() : nullptr, phases_, lep_, decay_);

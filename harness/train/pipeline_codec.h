@@ -100,6 +100,14 @@ struct OrthogonalityRecord {
   std::vector<double> delta_mean;  // mean(X_j − X_{j+1})
 };
 
+/// PipelineCodec::snapshot()'s contents (deep copies).
+struct PipelineCodecSnapshot {
+  std::unique_ptr<ActCodec> forward, backward;
+  std::map<int, torch::Tensor> lep_buffers;
+  std::map<int, int64_t> lep_made_at;
+  int64_t iteration = 0;
+};
+
 class PipelineCodec : public MessageCodec {
  public:
   /// `forward` / `backward`: codecs of the two directions; null or `none` = uncompressed.
@@ -172,6 +180,14 @@ class PipelineCodec : public MessageCodec {
   /// expected messages, its own copies of the codec states and LEP buffers, zero stats, no
   /// diagnostics. Encoding with the copy leaves this codec bit-identical.
   std::shared_ptr<PipelineCodec> fork() const;
+
+  /// This codec's sender state as it is now: the codecs' own state (CB's warm-start Q and its
+  /// generator), the LEP buffers with their ages, and the iteration count (deep copies).
+  /// restore() puts it back, so a step skipped on inf/NaN gradients changes none of it
+  /// (harness/train/loss_scaler.h). Statistics and diagnostics are not part of it.
+  using Snapshot = PipelineCodecSnapshot;
+  Snapshot snapshot() const;
+  void restore(Snapshot snapshot);
 
   BackwardPhases phases() const { return phases_; }
   LepMode lep() const { return lep_; }

@@ -33,7 +33,9 @@ std::vector<TableSpec> step_tables() {
         {"lr", ColumnType::kFloat64, ""},
         {"grad_norm", ColumnType::kFloat64, ""},
         {"step_seconds", ColumnType::kFloat64, "s"},
-        {"tokens_per_second", ColumnType::kFloat64, "tokens/s"}}},
+        {"tokens_per_second", ColumnType::kFloat64, "tokens/s"},
+        {"loss_scale", ColumnType::kFloat64, ""},    // fp16's loss scale S the step ran with; 1 otherwise
+        {"skipped", ColumnType::kInt64, "flag"}}},  // 1: inf/NaN gradients, nothing updated (loss_scaler.h)
       // ppl = exp(min(loss, 20)); ppl_capped = 1 where the loss exceeded the cap (ppl is then a lower
       // bound); a NaN loss has a NaN ppl.
       {"eval",

@@ -18,6 +18,9 @@ class GptStageFunctions final : public StageFunctions {
   /// m = micro-batches per step (the loss of each is divided by it, so their gradients sum to the step's).
   GptStageFunctions(GptModel& model, int64_t microbatches) : model_(model), m_(microbatches) {}
   std::vector<torch::Tensor> batches;  // [b, s + 1] per micro-batch (first and last stage)
+  /// fp16's loss scale S (harness/train/loss_scaler.h): the last stage returns loss / m · S, so
+  /// the backward pass carries S-times larger gradients. 1 = no scaling (not even a multiply).
+  double loss_scale = 1.0;
 
   torch::Tensor forward(int mb, const torch::Tensor& input) override {
     const auto& st = model_->stage();
@@ -27,7 +30,8 @@ class GptStageFunctions final : public StageFunctions {
     x = st.is_first ? model_->embed(batches[mb].narrow(1, 0, s)) : input;
     x = model_->run_layers(x);
     if (!st.is_last) return x;
-    return model_->head_loss(x, batches[mb].narrow(1, 1, s)) / static_cast<double>(m_);
+    auto loss = model_->head_loss(x, batches[mb].narrow(1, 1, s)) / static_cast<double>(m_);
+    return loss_scale == 1.0 ? loss : loss * loss_scale;
   }
 
  private:

@@ -31,6 +31,7 @@
 #include "harness/train/run_setup.h"
 #include "harness/train/sc_choice.h"
 #include "harness/train/stage_functions.h"
+#include "harness/train/loss_scaler.h"
 #include "models/precision.h"
 #include "harness/parallel/stage_link.h"
 #include "harness/parallel/threads.h"
@@ -179,6 +180,8 @@ struct Trainer::StepResult {
   double grad_norm = 0.0;
   double loss = 0.0;     // nats, averaged over DP replicas
   double seconds = 0.0;  // the step, before its records
+  double loss_scale = 1.0;  // the scale the step ran with (fp16; 1 otherwise)
+  bool skipped = false;     // inf/NaN gradients on some rank: nothing was updated (loss_scaler.h)
 };
 
 Trainer::Trainer(Config cfg, const TrainOptions& options, Distributed& d)
@@ -223,6 +226,10 @@ void Trainer::build_model_and_optimizer() {
   model_->train();
   optimizer_ = make_adamw(*model_, cfg_.train);
   lr_ = LrSchedule::from(cfg_.train);
+  const auto& t = cfg_.train;
+  scaler_ = std::make_unique<DynamicLossScaler>(
+      t.precision == "fp16", LossScaleOptions{t.loss_scale_initial, t.loss_scale_growth_interval, t.loss_scale_backoff,
+                                              t.loss_scale_min});
   layout_ = CheckpointLayout{cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.dp, d_.rank()};
   config_yaml_ = to_yaml(cfg_);
 }
@@ -294,6 +301,10 @@ void Trainer::build_checkpoint_parts() {
                                    a.write("compress", torch::tensor(v, torch::kLong));
                                  },
                                  [](auto&) {}});  // read before GradientSync, see choose_sc_auto
+  }
+  if (scaler_->enabled()) {
+    DynamicLossScaler* s = scaler_.get();
+    checkpoint_parts_.push_back({"loss_scaler", "dynamic", [s](auto& a) { s->save(a); }, [s](auto& a) { s->load(a); }});
   }
   if (codec_->compresses_backward() || codec_->compresses_forward()) {
     // The messages this rank encodes, so that loading checks the saved Q / LEP buffers against them.
@@ -456,6 +467,11 @@ Trainer::StepResult Trainer::step() {
   optimizer_->zero_grad();
   stage_fn_->batches.clear();
   for (int64_t i = 0; i < m_ && loader_; ++i) stage_fn_->batches.push_back(loader_->next());
+  if (codec_->compresses_backward() || codec_->compresses_forward()) {  // put back if the step is skipped
+    codec_before_step_ = std::make_unique<PipelineCodecSnapshot>(codec_->snapshot());
+  }
+  r.loss_scale = scaler_->scale();
+  stage_fn_->loss_scale = r.loss_scale;
   codec_->begin_step();
   memory_->reset_peak();
   const int64_t before_schedule = memory_->allocated();
@@ -464,7 +480,9 @@ Trainer::StepResult Trainer::step() {
   const int64_t activations_peak = memory_->peak() - before_schedule;
   update(r);  // gradient sync, clip, AdamW (or skip, BR-01)
   // The loss lives on the last stage: average over data-parallel replicas, known everywhere.
-  auto loss_t = torch::tensor({range_.is_last && coord_.tp == 0 ? pipe.loss / cfg_.parallel.dp : 0.0}, torch::kDouble);
+  // (fp16: the schedule's losses carry the scale S, a power of two: dividing is exact.)
+  auto loss_t = torch::tensor({range_.is_last && coord_.tp == 0 ? pipe.loss / r.loss_scale / cfg_.parallel.dp : 0.0},
+                              torch::kDouble);
   d_.world->all_reduce(loss_t, Traffic::kControl);
   r.loss = loss_t.item<double>();
   if (!std::isfinite(r.loss)) {
@@ -479,9 +497,54 @@ Trainer::StepResult Trainer::step() {
   return r;
 }
 
-// Gradient sync (DP with SC, then embedding: pair or FE), global-norm clipping, AdamW; a
-// non-finite gradient skips the optimizer step on every rank (BR-01). Counts the step.
+// The overflow check (loss_scaler.h: local gradients, agreed over the world, before any reduction
+// or compression; a skip puts the codec back and updates nothing), unscaling (fp16), then gradient
+// sync (DP with SC, then embedding: pair or FE), global-norm clipping, AdamW; a non-finite gradient
+// found by a reducer still skips the optimizer step on every rank (BR-01). Counts the step.
 void Trainer::update(StepResult& r) {
+  const auto grads = ensure_grads(params_);
+  if (options_.on_local_gradients) options_.on_local_gradients(state_.step + 1, d_.rank(), grads);
+  bool local_overflow = false;
+  for (const auto& g : grads) {
+    if (!torch::isfinite(g).all().item<bool>()) {
+      local_overflow = true;
+      break;
+    }
+  }
+  auto flag = torch::tensor({local_overflow ? 1.0 : 0.0}, torch::kDouble);
+  d_.world->all_reduce(flag, Traffic::kControl, /*max=*/true);
+  r.skipped = flag.item<double>() > 0;
+  scaler_->update(r.skipped);
+  if (r.skipped) {
+    if (codec_before_step_) codec_->restore(std::move(*codec_before_step_));
+    codec_before_step_.reset();
+    for (const auto& g : grads) g.zero_();
+    r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    summary_.skipped_steps += 1;
+    if (!quiet_) {
+      spdlog::warn("step {}: inf/NaN gradients on some rank (loss scale {}); step skipped on every rank, nothing "
+                   "updated{}", state_.step + 1, r.loss_scale,
+                   scaler_->enabled() ? fmt::format(", loss scale now {}", scaler_->scale()) : "");
+    }
+    const int64_t limit = cfg_.train.max_skipped_steps;
+    if (limit > 0 && scaler_->skipped_in_a_row() > limit) {
+      throw std::runtime_error(fmt::format(
+          "training stopped: {} steps in a row skipped on inf/NaN gradients (step {}, train.precision {}, loss "
+          "scale {}). Fix: {}; or raise train.max_skipped_steps (0 = no limit).",
+          scaler_->skipped_in_a_row(), state_.step + 1, cfg_.train.precision, scaler_->scale(),
+          scaler_->enabled() ? "the scale is at or near train.loss_scale_min: lower train.lr, raise "
+                               "train.warmup_steps, or use train.precision: bf16"
+                             : "lower train.lr or raise train.warmup_steps"));
+    }
+    state_.step += 1;
+    state_.consumed_samples += cfg_.train.global_batch_size;  // the batch is consumed (documented)
+    return;
+  }
+  codec_before_step_.reset();
+  if (r.loss_scale != 1.0) {
+    torch::NoGradGuard no_grad;
+    for (const auto& g : grads) g.mul_(1.0 / r.loss_scale);  // S is a power of two: exact
+  }
   const bool finite = grad_sync_->reduce(params_, state_.step);
   if (!finite) {  // BR-01: NaN norm here reaches every rank through the model-parallel all-reduce
     for (const auto& p : params_) p.grad().fill_(std::numeric_limits<float>::quiet_NaN());
@@ -514,7 +577,11 @@ void Trainer::record_step(const StepResult& r, double pipeline_seconds, int64_t 
                      codec_->lep_peak_bytes(), dpr.error_feedback_bytes() + (emb ? emb->error_feedback_bytes() : 0),
                      dpr.factor_bytes() + (emb ? emb->factor_bytes() : 0) + codec_->codec_state_bytes(), memory_->peak()};
   record_rank_stats(d_, sink_.get(), state_.step, pipeline_seconds, r.seconds, *extras_);
-  if (sink_) sink_->append("train", {state_.step, r.loss, r.lr, r.grad_norm, r.seconds, tokens_per_step_ / r.seconds});
+  summary_.loss_scales.push_back(r.loss_scale);
+  if (sink_) {
+    sink_->append("train", {state_.step, r.loss, r.lr, r.grad_norm, r.seconds, tokens_per_step_ / r.seconds, r.loss_scale,
+                            int64_t{r.skipped}});
+  }
 }
 
 void Trainer::log_progress(const StepResult& r) {
@@ -522,10 +589,12 @@ void Trainer::log_progress(const StepResult& r) {
   if (sink_) sink_->flush();
   const double avg = seconds_run_ / static_cast<double>(state_.step - summary_.first_step);
   if (!quiet_) {
-    spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:>8.0f} tok/s | "
+    spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f}{} | {:>8.0f} tok/s | "
                  "{:.0f} ms/step | ETA {}",
-                 state_.step, cfg_.train.train_steps, r.loss, r.lr, r.grad_norm, tokens_per_step_ / avg, avg * 1e3,
-                 format_eta(avg * (cfg_.train.train_steps - state_.step)));
+                 state_.step, cfg_.train.train_steps, r.loss, r.lr, r.grad_norm,
+                 scaler_->enabled() ? fmt::format(" | loss scale {} ({} skipped)", scaler_->scale(), summary_.skipped_steps)
+                                    : "",
+                 tokens_per_step_ / avg, avg * 1e3, format_eta(avg * (cfg_.train.train_steps - state_.step)));
   }
 }
 

@@ -14,6 +14,7 @@
 //     file is never truncated: Hdf5MetricsSink creates its file exclusively.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -48,6 +49,8 @@ class PipelineCodec;
 class PipelineSchedule;
 class StageLink;
 class Timeline;
+class DynamicLossScaler;
+struct PipelineCodecSnapshot;
 
 /// Where a run starts. With checkpoints already in cfg.checkpoint_dir() (same run name, re-run):
 ///   resume set:         resume from that directory (an iter_* directory or its parent holding
@@ -65,6 +68,10 @@ struct TrainOptions {
   std::string command_line;           // recorded in the results file
   bool quiet = false;                 // no progress lines (tests)
   bool keep_parameters = false;       // return the final parameters in the summary (tests)
+  /// Fault injection (tests): called on every rank with the step being run (1-based), the global
+  /// rank and this rank's local fp32 gradients after the pipeline schedule, before the overflow
+  /// check (loss_scaler.h); it may write into them (an inf, to see every rank skip).
+  std::function<void(int64_t step, int rank, const std::vector<torch::Tensor>& grads)> on_local_gradients;
 };
 
 struct TrainSummary {
@@ -74,7 +81,8 @@ struct TrainSummary {
   std::vector<double> eval_losses;   // one per evaluation, nats (the same on every rank)
   std::string results_path;          // the HDF5 file written (by global rank 0)
   std::string last_checkpoint;       // "" if none written
-  int64_t skipped_steps = 0;         // optimizer steps skipped on non-finite gradients (BR-01)
+  int64_t skipped_steps = 0;         // steps skipped on inf/NaN gradients (loss_scaler.h; BR-01)
+  std::vector<double> loss_scales;   // fp16: the loss scale each step ran with (1 otherwise)
   std::map<std::string, torch::Tensor> parameters;  // keep_parameters: this rank's, by name
 };
 
@@ -159,6 +167,8 @@ class Trainer {
   int64_t tokens_per_step_ = 0;
   std::vector<torch::Tensor> params_;
   double seconds_run_ = 0.0;
+  std::unique_ptr<DynamicLossScaler> scaler_;  // fp16's loss scale; S = 1 otherwise (loss_scaler.h)
+  std::unique_ptr<PipelineCodecSnapshot> codec_before_step_;  // compressing codecs: put back on a skip
 };
 
 /// Runs `cfg` on the ranks the launch environment describes (local launcher, Slurm, torchrun, or

@@ -117,7 +117,7 @@ TEST(Config, BatchRuleNamesValuesAndFix) {
   EXPECT_THAT(msg, HasSubstr("set it to 8 or 12"));
 }
 
-TEST(Config, PrecisionNamesTheAcceptedValuesAndRefusesFp16UntilLossScaling) {
+TEST(Config, PrecisionNamesTheAcceptedValuesTheBuildAndTheLossScaleKeys) {
   Config c;
   c.model.vocab_size = 100;
   c.train.precision = "bf16";
@@ -127,11 +127,22 @@ TEST(Config, PrecisionNamesTheAcceptedValuesAndRefusesFp16UntilLossScaling) {
   EXPECT_THAT(msg, HasSubstr("train.precision = 'half'"));
   EXPECT_THAT(msg, HasSubstr("must be one of fp32, bf16, fp16"));
   c.train.precision = "fp16";
+  if (kCpuFp16Gemm || kBuiltWithCuda) {
+    EXPECT_NO_THROW(c.validate(1));
+  } else {  // LibTorch 1.13 on CPU: no fp16 GEMM
+    msg = validate_error(c);
+    EXPECT_THAT(msg, HasSubstr("train.precision = 'fp16'"));
+    EXPECT_THAT(msg, HasSubstr(build_description()));
+    EXPECT_THAT(msg, HasSubstr("Fix: use bf16"));
+  }
+  c.train.precision = "bf16";  // the loss scale acts only with fp16
+  c.train.loss_scale_initial = 1024;
   msg = validate_error(c);
-  EXPECT_THAT(msg, HasSubstr("train.precision = 'fp16'"));
-  EXPECT_THAT(msg, HasSubstr("loss scaling"));
-  EXPECT_THAT(msg, HasSubstr("Fix: use bf16"));
-  Config y;  // from YAML, through the same visit()
+  EXPECT_THAT(msg, HasSubstr("train.loss_scale_initial = set: loss scaling acts only with train.precision: fp16"));
+  c.train.loss_scale_initial = 65536;
+  c.train.max_skipped_steps = -1;
+  EXPECT_THAT(validate_error(c), HasSubstr("train.max_skipped_steps = -1"));
+  Config y;  // from an override, through the same visit()
   apply_override(y, "train.precision=bf16");
   EXPECT_EQ(y.train.precision, "bf16");
 }
