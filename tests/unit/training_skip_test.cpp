@@ -60,15 +60,15 @@ Config skip_config(const testing::TempDir& dir, const std::string& precision) {
 }
 
 // Every tensor under `a` equals the one under the same key of `b` (bit for bit), except the step,
-// the data position and the generators, which a skipped step advances by design. Returns the
-// number of tensors compared.
+// the data position and the generators, which a skipped step advances by design, and fp16's loss
+// scale, which it backs off (checked on its own). Returns the number of tensors compared.
 int64_t expect_same_state(torch::serialize::InputArchive& a, torch::serialize::InputArchive& b,
                           const std::string& where, const std::string& prefix = "") {
   static const std::set<std::string> advancing = {"meta/step", "meta/consumed_samples"};
   int64_t compared = 0;
   for (const auto& key : a.keys()) {
     const std::string name = prefix + key;
-    if (advancing.count(name) || name.rfind("rng/", 0) == 0) continue;
+    if (advancing.count(name) || name.rfind("rng/", 0) == 0 || name.rfind("state/loss_scaler", 0) == 0) continue;
     torch::Tensor ta, tb;
     if (a.try_read(key, ta)) {
       EXPECT_TRUE(b.try_read(key, tb)) << where << ": " << name << " missing after the skip";
