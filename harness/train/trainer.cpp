@@ -480,7 +480,7 @@ Trainer::StepResult Trainer::step() {
   const int64_t activations_peak = memory_->peak() - before_schedule;
   update(r);  // gradient sync, clip, AdamW (or skip, BR-01)
   // The loss lives on the last stage: average over data-parallel replicas, known everywhere.
-  // (fp16: the schedule's losses carry the scale S, a power of two: dividing is exact.)
+  // (fp16: the schedule's losses carry the scale S; dividing is exact for a power-of-two S.)
   auto loss_t = torch::tensor({range_.is_last && coord_.tp == 0 ? pipe.loss / r.loss_scale / cfg_.parallel.dp : 0.0},
                               torch::kDouble);
   d_.world->all_reduce(loss_t, Traffic::kControl);
@@ -543,7 +543,7 @@ void Trainer::update(StepResult& r) {
   codec_before_step_.reset();
   if (r.loss_scale != 1.0) {
     torch::NoGradGuard no_grad;
-    for (const auto& g : grads) g.mul_(1.0 / r.loss_scale);  // S is a power of two: exact
+    for (const auto& g : grads) g.mul_(1.0 / r.loss_scale);  // exact for a power-of-two S (the defaults)
   }
   const bool finite = grad_sync_->reduce(params_, state_.step);
   if (!finite) {  // BR-01: NaN norm here reaches every rank through the model-parallel all-reduce
