@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# optcc's training step beside nanoGPT's on the same shapes, one thread, at fp32 and bf16 (issues 14, 30):
+# optcc's training step beside nanoGPT's on the same shapes, one thread, at fp32 and bf16 (README "Speed"):
 #   scripts/bench_peer_step.sh NANOGPT_DIR [CONFIG ...]
 # NANOGPT_DIR holds model.py from a karpathy/nanoGPT checkout you fetched yourself (nothing of it is
 # committed here). CONFIG defaults to experiments/bench-mini.yaml and experiments/bench-small.yaml.

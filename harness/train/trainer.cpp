@@ -500,7 +500,7 @@ Trainer::StepResult Trainer::step() {
 // The overflow check (loss_scaler.h: local gradients, agreed over the world, before any reduction
 // or compression; a skip puts the codec back and updates nothing), unscaling (fp16), then gradient
 // sync (DP with SC, then embedding: pair or FE), global-norm clipping, AdamW; a non-finite gradient
-// found by a reducer still skips the optimizer step on every rank (BR-01). Counts the step.
+// found by a reducer still skips the optimizer step on every rank (grad_sync.h). Counts the step.
 void Trainer::update(StepResult& r) {
   const auto grads = ensure_grads(params_);
   if (options_.on_local_gradients) options_.on_local_gradients(state_.step + 1, d_.rank(), grads);

@@ -81,7 +81,7 @@ struct TrainSummary {
   std::vector<double> eval_losses;   // one per evaluation, nats (the same on every rank)
   std::string results_path;          // the HDF5 file written (by global rank 0)
   std::string last_checkpoint;       // "" if none written
-  int64_t skipped_steps = 0;         // steps skipped on inf/NaN gradients (loss_scaler.h; BR-01)
+  int64_t skipped_steps = 0;         // steps skipped on inf/NaN gradients (loss_scaler.h)
   std::vector<double> loss_scales;   // fp16: the loss scale each step ran with (1 otherwise)
   std::map<std::string, torch::Tensor> parameters;  // keep_parameters: this rank's, by name
 };
