@@ -128,7 +128,7 @@ void Communicator::all_reduce(torch::Tensor& t, Traffic cls, bool max) {
   }
   if (emu_ && skip_collective(cls)) return;  // network.skip: the local tensor stays
   if (t.scalar_type() == torch::kBFloat16 && !max && !backend_device_.is_cuda()) {
-    all_reduce_bf16_on_gloo(t, cls);
+    all_reduce_summing_in_fp32(t, cls);  // Gloo has no bf16 arithmetic
     return;
   }
   settle();
@@ -145,26 +145,48 @@ torch::Tensor Communicator::moved_bits(const torch::Tensor& t) const {
   return t.view(torch::kHalf);  // same storage and bits: what arrives is written into t
 }
 
-void Communicator::all_reduce_bf16_on_gloo(torch::Tensor& t, Traffic cls) {
+void Communicator::all_reduce_summing_in_fp32(torch::Tensor& t, Traffic cls) {
+  if (size() == 1) return;
+  TORCH_CHECK(t.is_contiguous(), "all_reduce_summing_in_fp32 needs a contiguous tensor");
+  TORCH_CHECK(t.scalar_type() == torch::kHalf || t.scalar_type() == torch::kBFloat16 || t.scalar_type() == torch::kFloat,
+              "all_reduce_summing_in_fp32: fp16, bf16 or fp32 tensors only, got ", t.scalar_type());
+  if (t.scalar_type() == torch::kFloat) {
+    all_reduce(t, cls);
+    return;
+  }
+  if (t.device() != backend_device_) {
+    torch::NoGradGuard no_grad;
+    torch::Tensor w = staged(t);
+    all_reduce_summing_in_fp32(w, cls);
+    t.copy_(w);
+    return;
+  }
+  if (emu_ && skip_collective(cls)) return;  // network.skip: the local tensor stays
   torch::NoGradGuard no_grad;
+  settle();
   const auto t0 = Clock::now();
+  const torch::ScalarType dtype = t.scalar_type();
   const int64_t n = size(), numel = t.numel(), chunk = (numel + n - 1) / n;
-  // Gloo moves fp16 but not bf16: the same 16 bits travel as fp16 (a reinterpretation, no rounding).
   auto padded = torch::zeros({n * chunk}, t.options());
   padded.narrow(0, 0, numel).copy_(t.view({-1}));
-  auto send = padded.view(torch::kHalf);
-  auto chunks = torch::empty_like(send);  // [n * chunk]: chunk `rank_` of every rank, in rank order
+  auto send = moved_bits(padded);         // Gloo: bf16 travels as fp16 bits (no rounding)
+  auto chunks = torch::empty_like(send);  // [n * chunk]: chunk `rank_` of every rank, in group-rank order
   std::vector<int64_t> equal(static_cast<size_t>(n), chunk);
-  wait_work(pg_->alltoall_base(chunks, send, equal, equal), describe("all_reduce (bf16: all-to-all)", nbytes(t)));
-  auto mine = chunks.view(torch::kBFloat16).view({n, chunk}).to(torch::kFloat).sum(0).to(torch::kBFloat16);
-  std::vector<torch::Tensor> inputs{mine.view(torch::kHalf)};
+  wait_work(pg_->alltoall_base(chunks, send, equal, equal), describe("all_reduce (fp32 sum: all-to-all)", nbytes(t)));
+  auto mine = chunks.view(dtype).view({n, chunk}).to(torch::kFloat).sum(0).to(dtype);  // rounded once
+  std::vector<torch::Tensor> inputs{moved_bits(mine)};
   std::vector<std::vector<torch::Tensor>> outputs(1);
   for (int64_t i = 0; i < n; ++i) outputs[0].push_back(torch::empty({chunk}, inputs[0].options()));
-  wait_work(pg_->allgather(outputs, inputs), describe("all_reduce (bf16: all-gather)", nbytes(t)));
-  const auto summed = torch::cat(outputs[0]).view(torch::kBFloat16).narrow(0, 0, numel);
+  wait_work(pg_->allgather(outputs, inputs), describe("all_reduce (fp32 sum: all-gather)", nbytes(t)));
+  const auto summed = torch::cat(outputs[0]).view(dtype).narrow(0, 0, numel);
   t.view({-1}).copy_(summed);
-  const int64_t chunk_bytes = chunk * static_cast<int64_t>(t.element_size());
-  finish_collective(cls, CollectiveKind::kAllReduce, nbytes(t), 2 * (n - 1) * chunk_bytes, t0);
+  finish_collective(cls, CollectiveKind::kAllReduce, nbytes(t), summing_in_fp32_sent_bytes(n, numel, t.element_size()), t0);
+}
+
+int64_t Communicator::summing_in_fp32_sent_bytes(int64_t n, int64_t numel, int64_t element_bytes) {
+  if (n <= 1) return 0;
+  const int64_t chunk = (numel + n - 1) / n;  // the tensor is padded to n equal chunks
+  return 2 * (n - 1) * chunk * element_bytes;  // all-to-all (n-1 chunks out) + all-gather (n-1 copies)
 }
 
 torch::Tensor Communicator::all_gather(const torch::Tensor& local, Traffic cls, int64_t dim) {

@@ -140,13 +140,22 @@ class Communicator {
 
   // Collectives: all ranks of the group call them in the same order with same-shaped tensors.
   /// In-place sum (or max) over the group. `t` contiguous, any float dtype.
-  /// A bf16 sum on Gloo (which has no bf16 arithmetic) keeps bf16 on the wire and sums in fp32:
-  /// an all-to-all of the bf16 bits (each rank receives every rank's 1/n chunk), a local fp32 sum
-  /// in group-rank order rounded once to bf16, and an all-gather of the rounded chunks. It sends
-  /// what a ring all-reduce of the bf16 tensor sends (2(n-1)/n of its bytes, counted as an all-
-  /// reduce), gives every rank the same bits, and is more exact than summing in bf16. NCCL sums
-  /// bf16 itself.
+  /// A bf16 sum on Gloo (which has no bf16 arithmetic) goes through all_reduce_summing_in_fp32.
+  /// fp16 (and bf16 on NCCL) is summed by the backend in its own dtype.
   void all_reduce(torch::Tensor& t, Traffic cls, bool max = false);
+  /// In-place sum of a 16-bit tensor (kHalf or kBFloat16; kFloat: plain all_reduce) that keeps the
+  /// 16-bit dtype on the wire but adds in fp32: the tensor is padded to n equal chunks, an
+  /// all-to-all gives each rank every rank's copy of its chunk, the rank adds them in fp32 in
+  /// group-rank order and rounds the sum once to the 16-bit dtype, and an all-gather of the
+  /// rounded chunks gives every rank the same bits. Exactness: each addend is what the caller
+  /// rounded; the sum carries one rounding (a ring all-reduce in 16 bits rounds n-1 times, and
+  /// fp16's partial sums can overflow where the total does not). Bytes per rank:
+  /// summing_in_fp32_sent_bytes(), what a ring all-reduce sends up to the padding; counted as an
+  /// all-reduce. Same backends, devices and skipping as all_reduce.
+  void all_reduce_summing_in_fp32(torch::Tensor& t, Traffic cls);
+  /// Bytes one rank sends in all_reduce_summing_in_fp32 of `numel` elements over `n` ranks:
+  /// 2(n-1)·ceil(numel/n)·element_bytes (0 for n = 1). The traffic model reads it from here.
+  static int64_t summing_in_fp32_sent_bytes(int64_t n, int64_t numel, int64_t element_bytes);
   /// Moving data (all_gather, broadcast, send, recv) takes any dtype, bf16 on Gloo included.
   /// Concatenates every rank's `local` along `dim` in group-rank order: [.., n*local.size(dim), ..].
   torch::Tensor all_gather(const torch::Tensor& local, Traffic cls, int64_t dim = 0);
@@ -194,7 +203,6 @@ class Communicator {
   void settle() const;                                   // CUDA: wait for the GPU; CPU: nothing
   torch::Tensor staged(const torch::Tensor& t) const;   // t on the backend's device (no copy if there)
   CommHandle post_p2p(bool is_send, torch::Tensor& t, int peer, Traffic cls, int tag);
-  void all_reduce_bf16_on_gloo(torch::Tensor& t, Traffic cls);  // see all_reduce
   // What the backend moves for `t`: Gloo (LibTorch 1.13) moves no bf16, so a bf16 tensor travels as
   // a fp16 view of its storage (the same 16 bits, no rounding); anything else is `t` itself.
   torch::Tensor moved_bits(const torch::Tensor& t) const;

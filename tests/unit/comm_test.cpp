@@ -129,6 +129,43 @@ TEST_P(CommWorld, Bf16AllReduceSumsInFp32AndSendsBf16) {
   });
 }
 
+// all_reduce_summing_in_fp32 (the 16-bit DP wire of parallel.grad_reduce_dtype: compute): for fp16
+// and bf16 the result is the fp32 sum of the addends rounded once, the same bits on every rank, and
+// the bytes are Communicator::summing_in_fp32_sent_bytes. Element 0 holds 40000, 40000, -30000,
+// -30000 on ranks 0-3 (fp16): a sum in fp16 overflows at the first partial sum (80000 > 65504),
+// the fp32 sum is 20000. Element 1: 2048 + 1 + 1 + 1 is 2048 at every fp16 partial sum (spacing 2
+// there); summed in fp32 it is 2051, rounded once to 2052.
+TEST_P(CommWorld, SummingInFp32RoundsOnceAndSurvivesOverflowingPartialSums) {
+  const int n = GetParam();
+  for (auto dtype : {torch::kHalf, torch::kBFloat16}) {
+    run_ranks(n, [&](const RankContext& ctx) {
+      TrafficMeter meter;
+      auto comm = ctx.group([&] { std::vector<int> a(n); for (int i = 0; i < n; ++i) a[i] = i; return a; }(),
+                            "world", &meter, Link::kInterNode);
+      const int64_t len = 1003;  // not a multiple of 2 or 4: padded chunks
+      auto addend = [&](int r) {
+        auto x = torch::arange(len, torch::kFloat).mul(0.37f).sin().mul(float(r + 1));
+        x[0] = r < 2 ? 40000.0f : -30000.0f;
+        x[1] = r == 0 ? 2048.0f : 1.0f;
+        return x.to(dtype);
+      };
+      auto x = addend(ctx.rank);
+      auto expect = torch::zeros({len}, torch::kFloat);
+      for (int r = 0; r < n; ++r) expect += addend(r).to(torch::kFloat);
+      comm->all_reduce_summing_in_fp32(x, Traffic::kDataParallel);
+      ASSERT_EQ(x.scalar_type(), dtype);
+      EXPECT_TRUE(torch::equal(x, expect.to(dtype))) << c10::toString(dtype) << " world " << n;
+      if (n == 4 && dtype == torch::kHalf) {
+        EXPECT_EQ(x[0].item<float>(), 20000.0f);
+        EXPECT_EQ(x[1].item<float>(), 2052.0f);
+      }
+      EXPECT_EQ(meter.at(Traffic::kDataParallel, Link::kInterNode).bytes,
+                Communicator::summing_in_fp32_sent_bytes(n, len, 2));
+      EXPECT_EQ(Communicator::summing_in_fp32_sent_bytes(n, len, 2), n == 1 ? 0 : 2 * (n - 1) * ((len + n - 1) / n) * 2);
+    });
+  }
+}
+
 // Moving bf16 on Gloo (no bf16 type there): all_gather, broadcast and p2p carry the exact bits.
 TEST_P(CommWorld, Bf16MovesBitExactlyOnGloo) {
   const int n = GetParam();
