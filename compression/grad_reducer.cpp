@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <limits>
+
 #include "compression/cast_reducer.h"
 #include "compression/powersgd.h"
 #include "compression/qsgd_reducer.h"
@@ -88,14 +91,40 @@ void NoneReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, in
   std::vector<torch::Tensor> flat;
   for (const auto& g : grads) flat.push_back(g.reshape({-1}));
   auto buffer = torch::cat(flat);
-  buffer.div_(dp.size());
-  dp.all_reduce(buffer, traffic_class());
+  int64_t element_bytes = buffer.element_size();
+  if (wire_ != torch::kFloat) {  // 16 bits on the wire, summed in fp32 (header)
+    auto wire = buffer.to(torch::kFloat).mul_(wire_scale_ / static_cast<double>(dp.size())).to(wire_);
+    dp.all_reduce_summing_in_fp32(wire, traffic_class());
+    buffer = wire.to(torch::kFloat).mul_(1.0 / wire_scale_);
+    element_bytes = wire.element_size();
+  } else {
+    buffer.div_(dp.size());
+    dp.all_reduce(buffer, traffic_class());
+  }
   int64_t offset = 0;
   for (size_t i = 0; i < grads.size(); ++i) {
     grads[i].copy_(buffer.narrow(0, offset, grads[i].numel()).view_as(grads[i]));
     offset += grads[i].numel();
-    records_[i].sent_bytes = grads[i].numel() * static_cast<int64_t>(buffer.element_size());
+    records_[i].sent_bytes = grads[i].numel() * element_bytes;
   }
+}
+
+NoneReducer::NoneReducer(torch::ScalarType wire) : wire_(wire) {
+  if (wire != torch::kFloat && wire != torch::kHalf && wire != torch::kBFloat16) {
+    throw std::invalid_argument(fmt::format("NoneReducer: wire dtype {} is not fp32, fp16 or bf16", c10::toString(wire)));
+  }
+}
+
+void NoneReducer::set_wire_scale(double scale) {
+  if (!(scale > 0) || !std::isfinite(scale)) {
+    throw std::invalid_argument(fmt::format("NoneReducer: wire scale {} must be finite and > 0", scale));
+  }
+  wire_scale_ = scale;
+}
+
+double NoneReducer::wire_overflow_limit(int64_t dp) const {
+  if (wire_ != torch::kHalf) return std::numeric_limits<double>::infinity();
+  return 65504.0 * static_cast<double>(dp);
 }
 
 torch::Tensor flatten_fp32(const std::vector<torch::Tensor>& grads) {

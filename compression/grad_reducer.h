@@ -112,10 +112,31 @@ class GradReducer {
 
 /// `none`: the baseline (bit-identical to reduce_data_parallel_grads): all gradients flattened
 /// into one buffer (torch::cat, promoting to a common dtype), ÷ dp, one all-reduce (sum), copied back.
+///
+/// With a 16-bit `wire` (parallel.grad_reduce_dtype: compute on a bf16 or fp16 run; harness/train/
+/// grad_sync.h builds it, the registry's `none` is always fp32): the fp32 buffer is multiplied by
+/// wire_scale / dp, rounded to the wire dtype, summed in fp32 over the group
+/// (Communicator::all_reduce_summing_in_fp32: one rounding of the sum) and cast back to fp32 ÷
+/// wire_scale. wire_scale is the loss scale of an fp16 run (set_wire_scale before each reduce():
+/// gradients that were scaled up against fp16's underflow travel scaled, as Megatron-LM's fp16
+/// gradients do), 1 otherwise. Range: the caller's overflow check keeps every |gradient ·
+/// wire_scale| ≤ wire_overflow_limit(dp) = 65504·dp for fp16, so each addend fits, and their sum is
+/// a mean of such values, which fits too. Bytes per element on the wire: 2.
 class NoneReducer : public GradReducer {
  public:
+  explicit NoneReducer(torch::ScalarType wire = torch::kFloat);
   std::string name() const override { return "none"; }
   void reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) override;
+  torch::ScalarType wire_dtype() const { return wire_; }
+  /// The factor gradients are multiplied by before the 16-bit cast and divided by after (> 0).
+  void set_wire_scale(double scale);
+  /// The largest |gradient · wire_scale| a rank may hand in without the wire overflowing: 65504·dp
+  /// for an fp16 wire, infinity otherwise (bf16 has fp32's range).
+  double wire_overflow_limit(int64_t dp) const;
+
+ private:
+  torch::ScalarType wire_;
+  double wire_scale_ = 1.0;
 };
 
 /// Flattens `grads` into one fp32 buffer [Σ numel] (cast in) and back (cast out, copy_).

@@ -28,6 +28,7 @@ template <class V> void ParallelConfig::visit(V&& v) {
   v("timeout_seconds", timeout_seconds);
   v("device", device);
   v("backend", backend);
+  v("grad_reduce_dtype", grad_reduce_dtype);
 }
 
 template <class V> void TrainConfig::visit(V&& v) {

@@ -1,8 +1,10 @@
 #include "harness/train/grad_sync.h"
 
 #include <cmath>
+#include <limits>
 
 #include "harness/parallel/timeline.h"
+#include "models/precision.h"
 
 namespace optcc {
 
@@ -43,8 +45,14 @@ GradientSync::GradientSync(const Config& cfg, GptModel& model, Communicator* dp,
     if (way < 0) throw std::invalid_argument("GradientSync: compression.dp_stages = auto needs the stage's choice");
     compress_dp_ = stage < way;
   }
-  dp_reducer_ = compress_dp_ ? registry.create(cfg.compression.dp.name, cfg.compression.dp.options)
-                             : registry.create("none");
+  if (compress_dp_) {
+    dp_reducer_ = registry.create(cfg.compression.dp.name, cfg.compression.dp.options);
+  } else {
+    const bool compute = cfg.parallel.grad_reduce_dtype == "compute";
+    auto none = std::make_unique<NoneReducer>(compute ? precision_dtype(cfg.train.precision) : torch::kFloat);
+    uncompressed_ = none.get();
+    dp_reducer_ = std::move(none);
+  }
   if (cfg.compression.embedding.name != "none") {
     embedding_reducer_ = registry.create(cfg.compression.embedding.name, cfg.compression.embedding.options);
     embedding_reducer_->set_traffic_class(Traffic::kEmbedding);
@@ -64,7 +72,12 @@ GradientSync::GradientSync(const Config& cfg, GptModel& model, Communicator* dp,
   if (embedding_reducer_) embedding_reducer_->set_tensors(std::move(embedding_tensors));  // none: middle stage
 }
 
-bool GradientSync::reduce(const std::vector<torch::Tensor>& params, int64_t step) {
+double GradientSync::wire_overflow_limit() const {
+  return uncompressed_ ? uncompressed_->wire_overflow_limit(dp_size_) : std::numeric_limits<double>::infinity();
+}
+
+bool GradientSync::reduce(const std::vector<torch::Tensor>& params, int64_t step, double loss_scale) {
+  if (uncompressed_) uncompressed_->set_wire_scale(loss_scale);
   auto grads = ensure_grads(params);
   auto w = model_->word_embedding();
   torch::Tensor wgrad;

@@ -42,6 +42,11 @@ void sync_tied_embedding_grad(GptModel& model, Communicator* embedding);
 ///     in exact arithmetic, and to 0 ULP when the sums are exact (BR-09: 5.0 everywhere). With a
 ///     compressing embedding reducer: its mean over the 2d ranks, times 2. The DP reducer never
 ///     touches (so never zeroes) the embedding gradient (spec §5.4).
+///   - parallel.grad_reduce_dtype: compute on a bf16/fp16 run: the uncompressed DP reduction (the
+///     `none` reducer of every stage that does not compress) carries the compute dtype on the wire
+///     and still sums in fp32 (NoneReducer in compression/grad_reducer.h: the gradients ÷ dp, times
+///     the loss scale on fp16, rounded to 16 bits; an all-to-all, an fp32 sum rounded once, an
+///     all-gather). Compressing reducers and the embedding sync are unaffected.
 /// Every rank calls reduce() once per step after the schedule, with the same step on all ranks.
 /// Returns false when a compressing reducer found NaN/Inf gradients (NonFiniteGradients, on all
 /// ranks of its group alike; its state is untouched): the caller must skip the optimizer step on
@@ -54,7 +59,13 @@ class GradientSync {
   GradientSync(const Config& cfg, GptModel& model, Communicator* dp, Communicator* embedding,
                Communicator* fused_embedding, int stage, std::optional<bool> compress_dp = std::nullopt);
 
-  bool reduce(const std::vector<torch::Tensor>& params, int64_t step);
+  /// `loss_scale`: the fp16 loss scale S of the step (1 otherwise); the gradients are already
+  /// unscaled, a 16-bit uncompressed wire carries them times S (see above).
+  bool reduce(const std::vector<torch::Tensor>& params, int64_t step, double loss_scale = 1.0);
+  /// The largest |local gradient · S| this stage's DP wire carries (NoneReducer::
+  /// wire_overflow_limit; infinity unless an fp16 uncompressed wire): the trainer's overflow check
+  /// counts a larger value as an overflow, before any reduction.
+  double wire_overflow_limit() const;
 
   bool compresses_dp() const { return compress_dp_; }
   bool fused() const { return fused_; }
@@ -77,6 +88,7 @@ class GradientSync {
   bool fused_;
   bool compress_dp_;
   std::unique_ptr<GradReducer> dp_reducer_;
+  NoneReducer* uncompressed_ = nullptr;  // dp_reducer_ when this stage reduces uncompressed
   std::unique_ptr<GradReducer> embedding_reducer_;  // null: plain sum
   std::vector<std::string> dp_names_;
   std::vector<std::string> all_names_;

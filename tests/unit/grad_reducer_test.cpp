@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -194,6 +195,30 @@ TEST_P(Reducers, Fp16AndBf16AreTheMeanWithinTheirPrecision) {
   });
 }
 
+// parallel.grad_reduce_dtype: compute: NoneReducer with a 16-bit wire is, bit for bit, the closed
+// form of its header: round_wire(g_r · S / n) summed in fp32 over the ranks, rounded once, ÷ S.
+// S = 1024 (an fp16 loss scale) and S = 1 (bf16). Two bytes per element handed to the wire.
+TEST_P(Reducers, NoneWithA16BitWireIsTheMeanSummedInFp32) {
+  const int n = GetParam();
+  run_ranks(n, [&](const RankContext& ctx) {
+    auto comm = ctx.world_group();
+    for (auto [wire, scale] : {std::pair{torch::kHalf, 1024.0}, std::pair{torch::kBFloat16, 1.0}}) {
+      auto g = make_grads(ctx.rank, 0);
+      auto all = gather_all(*comm, g);  // [n, Σ numel] exact inputs of every rank
+      NoneReducer none(wire);
+      none.set_wire_scale(scale);
+      none.reduce(g, *comm, 0);
+      const auto expect = n == 1 ? all[0] : all.mul(scale / n).to(wire).to(torch::kFloat).sum(0).to(wire).to(torch::kFloat).mul(1.0 / scale);
+      EXPECT_TRUE(torch::equal(flatten_fp32(g), expect)) << c10::toString(wire) << " world " << n;
+      EXPECT_EQ(none.payload_bytes(), n == 1 ? 0 : none.raw_bytes() / 2);
+      EXPECT_EQ(none.wire_overflow_limit(n), wire == torch::kHalf ? 65504.0 * n : std::numeric_limits<double>::infinity());
+      expect_identical_on_all_ranks(*comm, g);
+    }
+  });
+  EXPECT_THROW(NoneReducer(torch::kInt), std::invalid_argument);
+  EXPECT_THROW(NoneReducer(torch::kHalf).set_wire_scale(0.0), std::invalid_argument);
+}
+
 // ---- PowerSGD invariants on 1, 2, 4 ranks ---------------------------------------------------
 
 TEST_P(Reducers, PowerSgdConservesErrorFeedbackAndAgreesAcrossRanks) {
@@ -323,41 +348,56 @@ class ReducerBound : public ::testing::TestWithParam<std::tuple<std::string, std
 // input c = grad + residual, ‖out − c‖ ≤ ‖c‖, out = 0 exactly for c = 0, no NaN; with error
 // feedback out + new residual = c; PowerSGD reproduces gradients of rank ≤ r. Three steps with
 // three different gradients of the kind, so warm starts and residuals are exercised.
+// At the three precisions: fp32 gradients, and bf16 / fp16 gradient tensors (the reducers' state
+// stays fp32, cast at the boundary). The 16-bit output is the fp32 result rounded once, so the
+// bound gains that rounding (unit roundoff u: 2⁻⁸ bf16, 2⁻¹¹ fp16; for fp16 also its subnormals,
+// ≤ 2⁻²⁵ per element), and out + residual = c holds up to it.
 TEST_P(ReducerBound, ErrorNeverExceedsTheInputNorm) {
   const auto& [name, kind] = GetParam();
-  for (int world : {1, 2}) {
-    run_ranks(world, [&](const RankContext& ctx) {
-      auto comm = ctx.world_group();
-      Registry<GradReducer> reg;
-      register_builtin_grad_reducers(reg);
-      auto red = reg.create(name);
-      for (int64_t step = 0; step < 3; ++step) {
-        const auto g0 = hard_gradient(kind, 60 + step);  // the same on every rank
-        const auto old = residual_of(*red);
-        const auto c = old.defined() ? g0 + old.view_as(g0) : g0.clone();
-        std::vector<torch::Tensor> g{g0.clone()};
-        red->reduce(g, *comm, step);
-        const std::string what = fmt::format("{} {} world {} step {}", name, kind, world, step);
-        ASSERT_TRUE(torch::isfinite(g[0]).all().item<bool>()) << what;
-        const double err = (g[0] - c).to(torch::kDouble).norm().item<double>();  // double: 1e-30² underflows in fp32
-        const double norm = c.to(torch::kDouble).norm().item<double>();
-        if (norm == 0) {
-          EXPECT_TRUE(torch::equal(g[0], torch::zeros_like(c))) << what;
-        } else {
-          EXPECT_LE(err, norm * (1 + 1e-6)) << what << ": error " << err << " > norm " << norm;
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    const double u = dtype == torch::kFloat ? 0.0 : dtype == torch::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    for (int world : {1, 2}) {
+      run_ranks(world, [&](const RankContext& ctx) {
+        auto comm = ctx.world_group();
+        Registry<GradReducer> reg;
+        register_builtin_grad_reducers(reg);
+        auto red = reg.create(name);
+        for (int64_t step = 0; step < 3; ++step) {
+          const auto g0 = hard_gradient(kind, 60 + step).to(dtype);  // the same on every rank
+          const auto old = residual_of(*red);
+          const auto c = old.defined() ? g0.to(torch::kFloat) + old.view_as(g0) : g0.to(torch::kFloat);
+          std::vector<torch::Tensor> g{g0.clone()};
+          red->reduce(g, *comm, step);
+          const std::string what =
+              fmt::format("{} {} {} world {} step {}", name, kind, c10::toString(dtype), world, step);
+          ASSERT_EQ(g[0].scalar_type(), dtype) << what;
+          ASSERT_TRUE(torch::isfinite(g[0]).all().item<bool>()) << what;
+          const auto out = g[0].to(torch::kDouble);
+          const double err = (out - c.to(torch::kDouble)).norm().item<double>();  // double: 1e-30² underflows in fp32
+          const double norm = c.to(torch::kDouble).norm().item<double>();
+          const double subnormal = dtype == torch::kHalf ? std::sqrt(double(c.numel())) * std::ldexp(1.0, -25) : 0.0;
+          if (norm == 0) {
+            EXPECT_TRUE(torch::equal(g[0].to(torch::kFloat), torch::zeros_like(c))) << what;
+          } else {
+            EXPECT_LE(err, norm * (1 + 1e-6 + 2 * u) + subnormal) << what << ": error " << err << " > norm " << norm;
+          }
+          const auto ef = residual_of(*red);
+          if (ef.defined()) {
+            const double slack = 1e-6 * std::max(1.0, c.abs().max().item<double>()) +
+                                 u * out.abs().max().item<double>() + (dtype == torch::kHalf ? std::ldexp(1.0, -24) : 0.0);
+            EXPECT_LE((out + ef.view_as(c).to(torch::kDouble) - c.to(torch::kDouble)).abs().max().item<double>(), slack)
+                << what << ": decoded + residual != input";
+          }
+          // From a random Q (step 0). Later steps add the previous step's rounding-level residual to
+          // another gradient (full rank, amplified by a Q tuned to the previous gradient): bound only.
+          // fp32 only: rounding a rank-1 matrix to 16 bits makes it full rank.
+          if (name == "powersgd" && dtype == torch::kFloat && step == 0 &&
+              (kind == "constant" || kind == "rank1" || kind == "rank3")) {
+            EXPECT_LE(err, 1e-5 * norm) << what << ": rank <= 4 is not reproduced";
+          }
         }
-        const auto ef = residual_of(*red);
-        if (ef.defined()) {
-          EXPECT_LE((g[0] + ef.view_as(c) - c).abs().max().item<double>(), 1e-6 * std::max(1.0, c.abs().max().item<double>()))
-              << what << ": decoded + residual != input";
-        }
-        // From a random Q (step 0). Later steps add the previous step's rounding-level residual to
-        // another gradient (full rank, amplified by a Q tuned to the previous gradient): bound only.
-        if (name == "powersgd" && step == 0 && (kind == "constant" || kind == "rank1" || kind == "rank3")) {
-          EXPECT_LE(err, 1e-5 * norm) << what << ": rank <= 4 is not reproduced";
-        }
-      }
-    });
+      });
+    }
   }
 }
 

@@ -97,16 +97,21 @@ std::vector<double> read_doubles(const std::string& file, const std::string& pat
   return v;
 }
 
-void run_with_an_inf(const std::string& precision) {
+// `value` goes into one gradient of rank kInfRank at step kInfStep (an inf, or a finite value the
+// DP wire cannot carry); `grad_reduce_dtype` as parallel.grad_reduce_dtype.
+void run_with_an_inf(const std::string& precision, const std::string& grad_reduce_dtype = "fp32",
+                     float value = std::numeric_limits<float>::infinity()) {
   testing::TempDir dir;
   testing::write_synthetic_corpus(dir / "corpus", 64, 200);
-  const Config cfg = skip_config(dir, precision);
+  Config cfg = skip_config(dir, precision);
+  cfg.parallel.grad_reduce_dtype = grad_reduce_dtype;
+  if (grad_reduce_dtype == "compute") cfg.compression.dp_stages = "1";  // stage 1 reduces uncompressed
   TrainSummary summary;
   testing::run_layout({1, 2, 2}, [&](int rank, Distributed& dist) {
     TrainOptions opt;
     opt.quiet = true;
-    opt.on_local_gradients = [](int64_t step, int r, const std::vector<torch::Tensor>& grads) {
-      if (step == kInfStep && r == kInfRank) grads.front().view({-1})[0] = std::numeric_limits<float>::infinity();
+    opt.on_local_gradients = [value](int64_t step, int r, const std::vector<torch::Tensor>& grads) {
+      if (step == kInfStep && r == kInfRank) grads.front().view({-1})[0] = value;
     };
     auto s = run_training(cfg, opt, dist);
     if (rank == 0) summary = s;
@@ -151,6 +156,18 @@ TEST(SkippedStep, Fp16InfOnOneRankChangesNoStateAndTheScaleBacksOffAndGrowsBack)
   if (!kCpuFp16Gemm) GTEST_SKIP() << "fp16 on CPU needs LibTorch 2.x; this build is " << build_description();
   run_with_an_inf("fp16");
 }
+
+// fp16 with parallel.grad_reduce_dtype: compute: stage 1 (uncompressed under SC way 1) reduces its
+// DP gradients in fp16, scaled by S / dp. A finite local value of 3·10⁵ (scaled) is beyond what that
+// wire carries (65504·dp = 131008), so the overflow check counts it before any reduction and the
+// step is skipped everywhere, as for an inf.
+TEST(SkippedStep, Fp16ValueBeyondTheFp16DpWireSkipsLikeAnInf) {
+  if (!kCpuFp16Gemm) GTEST_SKIP() << "fp16 on CPU needs LibTorch 2.x; this build is " << build_description();
+  run_with_an_inf("fp16", "compute", 3.0e5f);
+}
+
+// bf16 with grad_reduce_dtype: compute: the 16-bit DP wire changes nothing of the skip.
+TEST(SkippedStep, Bf16InfWithA16BitDpWireChangesNoStateAnywhere) { run_with_an_inf("bf16", "compute"); }
 
 }  // namespace
 }  // namespace optcc
