@@ -317,7 +317,8 @@ int traffic_command(const Cli& c, Config cfg) {
     cfg.parallel.dp = c.traffic_world / tp_pp;
   }
   resolve_vocab_for_model(cfg, "traffic model");
-  cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
+  // Analytic: a GPU or fp16 config is modelled on any build (a run of it is refused where it cannot run).
+  cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp, Config::BuildLimits::kAnyBuild);
   const TrafficEstimate estimate = estimate_traffic(cfg, c.traffic_opts);
   const PaperTrafficRows rows = paper_traffic_rows(cfg, c.traffic_opts);
   std::cout << (c.traffic_json ? traffic_report_json(cfg, estimate, rows, c.traffic_opts)
@@ -385,7 +386,7 @@ int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
   if (c.traffic->parsed()) return traffic_command(c, cfg);
   if (c.simulate->parsed()) {
     resolve_vocab_for_model(cfg, "simulator");
-    cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
+    cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp, Config::BuildLimits::kAnyBuild);
     return run_simulate_command(cfg, c.simulate_opts);
   }
   if (c.calibrate->parsed()) {

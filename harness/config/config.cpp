@@ -46,14 +46,14 @@ void check_probability(const std::string& key, double v) {
 
 // train.precision: a name models/precision.h knows, fp16 where the build has fp16 GEMMs; the loss
 // scale keys only with fp16 (elsewhere they would do nothing).
-void check_precision(const TrainConfig& t) {
+void check_precision(const TrainConfig& t, bool this_build) {
   try {
     (void)precision_dtype(t.precision);
   } catch (const std::invalid_argument&) {
     fail("train.precision", "'" + t.precision + "'", fmt::format("must be one of {}", fmt::join(precision_names(), ", ")),
          "use fp32 (the default), bf16 or fp16");
   }
-  if (t.precision == "fp16" && !kCpuFp16Gemm && !kBuiltWithCuda) {
+  if (this_build && t.precision == "fp16" && !kCpuFp16Gemm && !kBuiltWithCuda) {
     fail("train.precision", "'fp16'",
          fmt::format("fp16 compute on CPU ranks needs fp16 GEMMs, which {} does not have", build_description()),
          "use bf16 (the same 2 bytes per element on the wire, with fp32's exponent range), or build optcc against "
@@ -61,13 +61,19 @@ void check_precision(const TrainConfig& t) {
   }
   const TrainConfig d;
   if (t.precision != "fp16") {
-    for (const auto& [key, changed] :
-         {std::pair{"train.loss_scale_initial", t.loss_scale_initial != d.loss_scale_initial},
-          std::pair{"train.loss_scale_growth_interval", t.loss_scale_growth_interval != d.loss_scale_growth_interval},
-          std::pair{"train.loss_scale_backoff", t.loss_scale_backoff != d.loss_scale_backoff},
-          std::pair{"train.loss_scale_min", t.loss_scale_min != d.loss_scale_min}}) {
-      if (changed) {
-        fail(key, "set", fmt::format("loss scaling acts only with train.precision: fp16 (this run is {})", t.precision),
+    struct Key {
+      const char* key;
+      bool changed;
+      std::string value;
+    };
+    for (const auto& [key, changed, value] :
+         {Key{"train.loss_scale_initial", t.loss_scale_initial != d.loss_scale_initial, fmt::format("{}", t.loss_scale_initial)},
+          Key{"train.loss_scale_growth_interval", t.loss_scale_growth_interval != d.loss_scale_growth_interval,
+              std::to_string(t.loss_scale_growth_interval)},
+          Key{"train.loss_scale_backoff", t.loss_scale_backoff != d.loss_scale_backoff, fmt::format("{}", t.loss_scale_backoff)},
+          Key{"train.loss_scale_min", t.loss_scale_min != d.loss_scale_min, fmt::format("{}", t.loss_scale_min)}}) {
+      if (changed) {  // a key at its default is accepted: a dumped config (config show, results) lists all
+        fail(key, value, fmt::format("loss scaling acts only with train.precision: fp16 (this run is {})", t.precision),
              "remove the key, or set train.precision: fp16");
       }
     }
@@ -171,7 +177,7 @@ void validate_parallel(const Config& c, int64_t world_size) {
   }
 }
 
-void validate_train(const Config& c) {
+void validate_train(const Config& c, bool this_build) {
   const auto& t = c.train;
   check_positive("train.micro_batch_size", t.micro_batch_size);
   check_positive("train.global_batch_size", t.global_batch_size);
@@ -209,7 +215,7 @@ void validate_train(const Config& c) {
   check_positive("train.eval_iters", t.eval_iters);
   if (t.threads < 0) fail("train.threads", std::to_string(t.threads), "must be >= 0",
                           "use 0 for automatic");
-  check_precision(t);
+  check_precision(t, this_build);
 }
 
 void validate_reducer(const std::string& where, const CompressorSpec& spec) {
@@ -286,6 +292,25 @@ void validate_compression(const Config& c) {
   }
 }
 
+// parallel.grad_reduce_dtype: fp32 or compute; with a 16-bit compute dtype `compute` acts on the
+// gradients DP reduces uncompressed, so some stage must reduce uncompressed.
+void check_grad_reduce_dtype(const Config& c) {
+  const std::string& v = c.parallel.grad_reduce_dtype;
+  if (v != "fp32" && v != "compute") {
+    fail("parallel.grad_reduce_dtype", "'" + v + "'", "must be fp32 or compute",
+         "use fp32 (the default) or compute (train.precision's dtype on the wire, summed in fp32)");
+  }
+  if (v != "compute" || c.train.precision == "fp32" || c.compression.dp.name == "none") return;
+  if (c.compression.dp_stages == "all" || sc_way(c) >= c.parallel.pp) {
+    fail("parallel.grad_reduce_dtype", "'compute'",
+         fmt::format("acts on the DP gradients reduced uncompressed, and compression.dp = {} compresses them on "
+                     "every stage (compression.dp_stages = {})",
+                     c.compression.dp.name, c.compression.dp_stages),
+         "use fp32, or let some stages reduce uncompressed (compression.dp_stages: 1 .. pp-1 or auto), or "
+         "compression.dp: bf16 / fp16 for a 16-bit cast of every DP gradient");
+  }
+}
+
 void validate_rest(const Config& c) {
   if (c.data.vocab_size < 16) fail("data.vocab_size", std::to_string(c.data.vocab_size),
                                    "must be >= 16", "use e.g. 8000");
@@ -302,6 +327,7 @@ void validate_rest(const Config& c) {
   if (c.data.sources.empty()) fail("data.sources", "[]", "needs at least one source",
                                    "use [nlp-corpus, brown] or paths to .jsonl/.txt files");
   validate_compression(c);
+  check_grad_reduce_dtype(c);
   validate_network_config(c);
   for (int64_t step : c.log.timeline_steps) {
     if (step < 1 || step > c.train.train_steps) {
@@ -337,16 +363,17 @@ void validate_finite(const Config& const_cfg) {
 
 }  // namespace
 
-void Config::validate(int64_t world_size) const {
+void Config::validate(int64_t world_size, BuildLimits limits) const {
+  const bool this_build = limits == BuildLimits::kThisBuild;
   validate_finite(*this);
-  validate_backend(*this);
+  if (this_build) validate_backend(*this);
   // The layout sizes divide other checks' values (heads / tp, layers / pp, batch / dp): positive first.
   check_positive("parallel.tp", parallel.tp);
   check_positive("parallel.pp", parallel.pp);
   check_positive("parallel.dp", parallel.dp);
   validate_model(*this);
   validate_parallel(*this, world_size);
-  validate_train(*this);
+  validate_train(*this, this_build);
   validate_rest(*this);
 }
 

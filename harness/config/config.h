@@ -52,6 +52,9 @@ struct ParallelConfig {
                                       // the run within this time
   std::string device = "auto";        // where tensors live: auto | cpu | cuda (cuda:LOCAL_RANK % GPUs);
                                       // auto = cuda in a CUDA build that sees a GPU, else cpu
+  std::string grad_reduce_dtype = "fp32";  // dtype of the uncompressed DP gradient all-reduce on the
+                                          // wire: fp32 | compute (train.precision's; fp32 runs: fp32).
+                                          // compute sums in fp32 all the same (harness/train/grad_sync.h)
   std::string backend = "auto";       // c10d backend of every group: auto | gloo | nccl; auto = nccl
                                       // when each local rank has its own GPU, else gloo (Gloo carries
                                       // CUDA tensors too). Rules: harness/parallel/device.h
@@ -74,7 +77,7 @@ struct TrainConfig {
   double adam_eps = 1.0e-8;
   double clip_grad = 1.0;          // global L2 norm clip; 0 = off
   int64_t seed = 1234;             // model init, dropout and data shuffle seed
-  int64_t eval_interval = 50;      // steps between validation runs; 0 = only at the end
+  int64_t eval_interval = 50;      // N > 0: validation at step 0, every N steps and at the end; 0 = only at the end
   int64_t eval_iters = 10;         // validation micro-batches per evaluation
   int64_t threads = 0;             // intra-op CPU threads per rank; 0 = cores / local ranks
   std::string precision = "fp32";  // compute dtype: fp32 | bf16 | fp16 (fp32 master weights,
@@ -257,8 +260,11 @@ struct Config {
   std::string source_path;  // the YAML file this came from ("" = defaults only)
 
   /// Cross-field rules for a run on `world_size` ranks. Throws ConfigError naming key, value,
-  /// rule and fix. Call once the vocabulary is known (after `resolve_vocab`).
-  void validate(int64_t world_size = 1) const;
+  /// rule and fix. Call once the vocabulary is known (after `resolve_vocab`). `limits`: kThisBuild
+  /// (runs) also refuses what this build cannot run (a GPU device or backend on a CPU build, fp16
+  /// compute without fp16 GEMMs); kAnyBuild (analytic tools: traffic model, simulator) does not.
+  enum class BuildLimits { kThisBuild, kAnyBuild };
+  void validate(int64_t world_size = 1, BuildLimits limits = BuildLimits::kThisBuild) const;
   /// Only the parallel section's rules (tp*pp*dp == world_size, ...), for launchers.
   void validate_layout(int64_t world_size) const;
   /// Transformer layers of each pipeline stage (explicit list or even split), sum = num_layers.

@@ -168,7 +168,7 @@ namespace {
 int match_regime_command(const Config& cpu, const SimulateCommandOptions& o) {
   const HardwareProfile paper_hw = load_hardware_profile(o.profile);
   Config paper = load_config(o.match_regime);
-  paper.validate(paper.parallel.tp * paper.parallel.pp * paper.parallel.dp);
+  paper.validate(paper.parallel.tp * paper.parallel.pp * paper.parallel.dp, Config::BuildLimits::kAnyBuild);
   SimOptions paper_opts = o.sim;
   paper_opts.recompute = true;  // the paper's runs (spec §8.1)
   const auto paper_run = simulate_schemes(paper, paper_hw, paper_opts, {"baseline"}).at(0);

@@ -91,13 +91,15 @@ ReducerPlan powersgd_plan(const CompressorSpec& spec, const std::vector<std::vec
     }
   }
   const double ef = opt.error_feedback ? 3.0 * 4.0 * low_numel : 0.0;  // read grad and EF, write M
-  // Steps 5-7: P (sum), raw fp32 (sum), Q (sum): three all-reduces, all fp32.
+  // Steps 5-7: P (sum), raw (sum), Q (sum): three all-reduces, fp32 as the runtime sends them
+  // (β = --element-bytes when given: the paper's all-fp16 messages).
+  const int64_t beta = gradient_element_bytes(o);
   return {true,
           {arithmetic("powersgd", gemm, ef + 4.0 * low_numel, "M = grad + EF, P = MQ"),
-           collective(CollectiveKind::kAllReduce, 4 * p_numel, "P all-reduce"),
-           collective(CollectiveKind::kAllReduce, 4 * raw_numel, "raw all-reduce"),
+           collective(CollectiveKind::kAllReduce, beta * p_numel, "P all-reduce"),
+           collective(CollectiveKind::kAllReduce, beta * raw_numel, "raw all-reduce"),
            arithmetic("powersgd", orth + gemm, 4.0 * low_numel, "orthogonalise P, Q = MᵀP"),
-           collective(CollectiveKind::kAllReduce, 4 * q_numel, "Q all-reduce"),
+           collective(CollectiveKind::kAllReduce, beta * q_numel, "Q all-reduce"),
            arithmetic("powersgd", gemm, ef + 4.0 * low_numel, "out = PQᵀ, EF update")},
           ""};
 }
@@ -107,7 +109,7 @@ ReducerPlan powersgd_plan(const CompressorSpec& spec, const std::vector<std::vec
 // all-gather), raw tensors in one fp32 all-reduce. The per-tensor byte formula is the reducer's own.
 // Arithmetic: element-wise passes (read the gradient, write the message), no FLOPs counted.
 ReducerPlan elementwise_plan(const Registry<GradReducer>& registry, const CompressorSpec& spec,
-                             const std::vector<std::vector<int64_t>>& shapes) {
+                             const std::vector<std::vector<int64_t>>& shapes, const TrafficModelOptions& o) {
   auto reducer = registry.create(spec.name, spec.options);
   const auto* ew = dynamic_cast<const ElementwiseReducer*>(reducer.get());
   if (!ew) return {false, {}, fmt::format("DP reducer '{}' is not an element-wise reducer", spec.name)};
@@ -127,7 +129,7 @@ ReducerPlan elementwise_plan(const Registry<GradReducer>& registry, const Compre
   return {true,
           {arithmetic(spec.name, 0.0, 8.0 * double(packed), "encode"),
            collective(kind, compressed, reduce ? "compressed all-reduce" : "compressed all-gather"),
-           collective(CollectiveKind::kAllReduce, 4 * raw, "raw all-reduce"),
+           collective(CollectiveKind::kAllReduce, gradient_element_bytes(o) * raw, "raw all-reduce"),
            arithmetic(spec.name, 0.0, 8.0 * double(packed), "decode")},
           ""};
 }
@@ -208,7 +210,7 @@ ReducerPlan reducer_plan(const CompressorSpec& spec, const std::vector<std::vect
   Registry<GradReducer> registry;
   register_builtin_grad_reducers(registry);
   if (registry.contains(name) && (name == "topk" || name == "randomk" || name == "qsgd" || name == "signsgd")) {
-    return elementwise_plan(registry, spec, shapes);
+    return elementwise_plan(registry, spec, shapes, o);
   }
   return {false, {},
           fmt::format("reducer '{}' is not modelled{}", name,
@@ -284,6 +286,11 @@ int64_t activation_element_bytes(const Config& cfg, const TrafficModelOptions& o
 
 int64_t gradient_element_bytes(const TrafficModelOptions& o) { return o.element_bytes > 0 ? o.element_bytes : 4; }
 
+int64_t uncompressed_dp_element_bytes(const Config& cfg, const TrafficModelOptions& o) {
+  if (o.element_bytes > 0) return o.element_bytes;
+  return cfg.parallel.grad_reduce_dtype == "compute" ? precision_element_bytes(cfg.train.precision) : 4;
+}
+
 namespace {
 
 void check_traffic_inputs(const Config& cfg, const TrafficModelOptions& o) {
@@ -291,7 +298,12 @@ void check_traffic_inputs(const Config& cfg, const TrafficModelOptions& o) {
     throw ConfigError("config error: model.vocab_size = 0: the traffic model needs the vocabulary. Fix: "
                       "--set model.vocab_size=N, or prepare the dataset so <data.prefix>.json gives it.");
   }
-  if (o.element_bytes < 0) throw ConfigError("traffic model: element_bytes (β) must be >= 1, or 0 for train.precision's");
+  if (o.element_bytes != 0 && o.element_bytes != 1 && o.element_bytes != 2 && o.element_bytes != 4) {
+    throw ConfigError(fmt::format("traffic model: --element-bytes {} is not an element size: use 2 (fp16/bf16 "
+                                  "messages, as the paper's runs), 4 (fp32), 1 (8-bit), or leave it out to take "
+                                  "train.precision's and parallel.grad_reduce_dtype's",
+                                  o.element_bytes));
+  }
   const auto& k = cfg.compression;
   if (k.backward_phases != "all" && k.backward_phases != "epilogue") {
     throw ConfigError(fmt::format("config error: compression.backward_phases = '{}': must be all or epilogue",
@@ -322,6 +334,7 @@ TrafficEstimate estimate_frame(const Config& cfg, const TrafficModelOptions& o) 
 struct StageInputs {
   int64_t beta = 4;                  // bytes per activation element (pipeline, TP)
   int64_t grad_beta = 4;             // bytes per gradient element (DP, embedding)
+  int64_t dp_raw_beta = 4;           // bytes per element of the uncompressed DP all-reduce (grad_reduce_dtype)
   int64_t fwd_bytes = 0;             // one forward message (codec payload or slice·β)
   int64_t bwd_bytes_compressed = 0;  // one compressed backward message
   bool bwd_codec = false;            // pipeline_backward compresses
@@ -356,6 +369,7 @@ StageInputs stage_inputs(const Config& cfg, TrafficEstimate& e, const TrafficMod
   StageInputs in;
   in.beta = activation_element_bytes(cfg, o);
   in.grad_beta = gradient_element_bytes(o);
+  in.dp_raw_beta = uncompressed_dp_element_bytes(cfg, o);
   const auto fwd = build_codec(cfg, k.pipeline_forward, "compression.pipeline_forward");
   const auto bwd = build_codec(cfg, k.pipeline_backward, "compression.pipeline_backward");
   in.fwd_bytes = fwd ? codec_bytes(*fwd, slice, "compression.pipeline_forward", k.pipeline_forward) : slice * in.beta;
@@ -424,11 +438,17 @@ bool stage_dp_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEstimate&
   const CompressorSpec& dp_spec = g.compresses_dp ? k.dp : none_spec;
   g.dp_reducer = spec_text(dp_spec);
   ReducerPlan dpb = reducer_plan(dp_spec, dp_shapes, d, o);
+  if (dp_spec.name == "none" && in.dp_raw_beta < 4 && o.element_bytes == 0) {
+    // grad_reduce_dtype: compute (NoneReducer's 16-bit wire): Communicator::all_reduce_summing_in_fp32
+    // pads the buffer to d equal chunks; the all-reduce's X is the padded tensor.
+    const int64_t numel = total_numel(dp_shapes), chunk = (numel + d - 1) / d;
+    dpb = {true, {collective(CollectiveKind::kAllReduce, chunk * d * in.dp_raw_beta, "gradient all-reduce (16-bit wire, fp32 sum)")}, ""};
+  }
   if (!dpb.modelled) e.notes.push_back(fmt::format("dp on stage {}: {}", st, dpb.note));
   g.dp = sent_bytes(dpb.steps, d);
   g.dp_steps = std::move(dpb.steps);
   if (!k.fused_embedding && g.holds_word_embedding && dp_spec.name == "none") {
-    g.dp_word_embedding_share = all_reduce_bytes(d, in.emb_elements * in.grad_beta);
+    g.dp_word_embedding_share = all_reduce_bytes(d, in.emb_elements * in.dp_raw_beta);
   }
   return dpb.modelled;
 }

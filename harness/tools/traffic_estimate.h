@@ -73,6 +73,9 @@ struct TrafficModelOptions;
 int64_t activation_element_bytes(const Config& cfg, const TrafficModelOptions& o);
 /// Bytes per gradient element: o.element_bytes when set, else 4 (fp32 master gradients).
 int64_t gradient_element_bytes(const TrafficModelOptions& o);
+/// Bytes per element of the uncompressed DP gradient all-reduce: o.element_bytes when set, else
+/// parallel.grad_reduce_dtype's (compute: train.precision's compute dtype; fp32: 4).
+int64_t uncompressed_dp_element_bytes(const Config& cfg, const TrafficModelOptions& o);
 
 struct TrafficModelOptions {
   bool recompute = false;      // k_TP = 6 (full activation recomputation, as the paper's runs)

@@ -54,11 +54,15 @@ std::string describe_scheme(const Config& cfg) {
 
 namespace {
 
-// "2 B" or "2 B (activations, train.precision bf16) / 4 (gradients)".
+// "2 B" or "2 B (activations, train.precision bf16) / 4 B (gradients)", with the uncompressed DP
+// all-reduce's when parallel.grad_reduce_dtype makes it differ.
 std::string beta_text(const Config& cfg, const TrafficModelOptions& o) {
   const int64_t a = activation_element_bytes(cfg, o), g = gradient_element_bytes(o);
+  const int64_t dp = uncompressed_dp_element_bytes(cfg, o);
   if (o.element_bytes > 0) return fmt::format("{} B", a);
-  return fmt::format("{} B (activations, train.precision {}) / {} B (gradients)", a, cfg.train.precision, g);
+  return fmt::format("{} B (activations, train.precision {}) / {} B (gradients{})", a, cfg.train.precision, g,
+                     dp != g ? fmt::format("; uncompressed DP all-reduce {} B, parallel.grad_reduce_dtype compute", dp)
+                             : "");
 }
 
 void report_header(std::string& out, const Config& cfg, const TrafficEstimate& e, const TrafficModelOptions& o) {
@@ -267,6 +271,7 @@ std::string traffic_report_json(const Config& cfg, const TrafficEstimate& e, con
                   {"k_tp", e.k_tp},
                   {"element_bytes", activation_element_bytes(cfg, o)},
                   {"gradient_element_bytes", gradient_element_bytes(o)},
+                  {"uncompressed_dp_element_bytes", uncompressed_dp_element_bytes(cfg, o)},
                   {"reference_powersgd", o.reference_powersgd},
                   {"scatter_gather", e.scatter_gather}};
   j["compression"] = describe_scheme(cfg);

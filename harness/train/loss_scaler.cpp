@@ -1,8 +1,18 @@
 #include "harness/train/loss_scaler.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace optcc {
+
+bool has_local_overflow(const std::vector<torch::Tensor>& grads, double wire_limit) {
+  const bool limited = std::isfinite(wire_limit);
+  for (const auto& g : grads) {
+    if (!torch::isfinite(g).all().item<bool>()) return true;
+    if (limited && g.numel() > 0 && g.abs().max().item<double>() > wire_limit) return true;
+  }
+  return false;
+}
 
 DynamicLossScaler::DynamicLossScaler(bool enabled, LossScaleOptions options)
     : enabled_(enabled), o_(options), scale_(enabled ? options.initial : 1.0) {}

@@ -21,6 +21,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace optcc {
 
@@ -31,6 +32,11 @@ struct LossScaleOptions {
   double min_scale = 1.0;          // floor of S
   double max_scale = 16777216.0;   // ceiling of S (2^24): fp32 can still unscale it exactly
 };
+
+/// Step 1 for one rank: true when any of `grads` holds an inf or NaN, or, with a finite
+/// `wire_limit` (an fp16 DP wire: harness/train/grad_sync.h wire_overflow_limit), a value whose
+/// magnitude exceeds it.
+bool has_local_overflow(const std::vector<torch::Tensor>& grads, double wire_limit);
 
 class DynamicLossScaler {
  public:

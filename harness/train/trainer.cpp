@@ -32,6 +32,7 @@
 #include "harness/train/sc_choice.h"
 #include "harness/train/stage_functions.h"
 #include "harness/train/loss_scaler.h"
+#include "kernels/thin_gemm.h"
 #include "models/precision.h"
 #include "harness/parallel/stage_link.h"
 #include "harness/parallel/threads.h"
@@ -397,13 +398,15 @@ void Trainer::log_start() const {
                stage_layers_text(cfg_));
   if (d_.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d_.env.source, rank_table(d_));
   if (!d_.placement.decided.empty()) spdlog::info("placement (rank 0): {}", d_.placement.decided);
-  // fp32 GEMMs go through kernels/gemm.h's choice; other dtypes through ATen (gemm.h).
+  // The model's GEMMs and the compressors' thin ones, as this process runs them (kernels/gemm.h, thin_gemm.h).
   const bool fp32 = cfg_.train.precision == "fp32";
-  spdlog::info("training {} steps of {} sequences ({} micro-batches of {} per replica), threads per rank: {}, "
-               "precision {}{}, GEMMs: {}, heap: {}; results -> {}",
-               cfg_.train.train_steps, cfg_.train.global_batch_size, m_, cfg_.train.micro_batch_size,
+  const int64_t steps = cfg_.train.train_steps;
+  spdlog::info("training {} step{} of {} sequences ({} micro-batches of {} per replica), threads per rank: {}, "
+               "precision {}{}, GEMMs: {}, compressors' thin GEMMs: {}, heap: {}; results -> {}",
+               steps, steps == 1 ? "" : "s", cfg_.train.global_batch_size, m_, cfg_.train.micro_batch_size,
                at::get_num_threads(), cfg_.train.precision, fp32 ? "" : " (fp32 master weights, optimizer and compressor state)",
-               d_.placement.on_gpu() ? "ATen (CUDA)" : (fp32 ? gemm_library() : "ATen"), cpu_allocator(),
+               d_.placement.on_gpu() ? "ATen (CUDA)" : compute_gemm_library(precision_dtype(cfg_.train.precision)),
+               d_.placement.on_gpu() ? "ATen (CUDA)" : "kernels/thin_gemm.h, " + thin_gemm_isa(), cpu_allocator(),
                summary_.results_path);
   // The backward phases and the LEP variant only act on compressed backward sends: name them then.
   const std::string lep = comp.lep == "lazy_decay" ? fmt::format("lazy_decay {}", comp.lep_decay) : comp.lep;
@@ -429,7 +432,8 @@ void Trainer::start_timeline() {
 // ---- Trainer: the loop -------------------------------------------------------------------------
 
 TrainSummary Trainer::run() {
-  if (state_.step == 0) evaluate(0);  // the untrained model's loss (about ln V) anchors the curve
+  // The untrained model's loss (about ln V) anchors the curve; eval_interval 0 = only at the end.
+  if (state_.step == 0 && cfg_.train.eval_interval > 0) evaluate(0);
   params_ = model_->parameters();
   while (state_.step < cfg_.train.train_steps) {
     auto recording = std::make_unique<Timeline::StepGuard>(timeline_.get(), state_.step + 1);  // selected steps only
@@ -504,40 +508,12 @@ Trainer::StepResult Trainer::step() {
 void Trainer::update(StepResult& r) {
   const auto grads = ensure_grads(params_);
   if (options_.on_local_gradients) options_.on_local_gradients(state_.step + 1, d_.rank(), grads);
-  bool local_overflow = false;
-  for (const auto& g : grads) {
-    if (!torch::isfinite(g).all().item<bool>()) {
-      local_overflow = true;
-      break;
-    }
-  }
-  auto flag = torch::tensor({local_overflow ? 1.0 : 0.0}, torch::kDouble);
+  auto flag = torch::tensor({has_local_overflow(grads, grad_sync_->wire_overflow_limit()) ? 1.0 : 0.0}, torch::kDouble);
   d_.world->all_reduce(flag, Traffic::kControl, /*max=*/true);
   r.skipped = flag.item<double>() > 0;
   scaler_->update(r.skipped);
   if (r.skipped) {
-    if (codec_before_step_) codec_->restore(std::move(*codec_before_step_));
-    codec_before_step_.reset();
-    for (const auto& g : grads) g.zero_();
-    r.grad_norm = std::numeric_limits<double>::quiet_NaN();
-    summary_.skipped_steps += 1;
-    if (!quiet_) {
-      spdlog::warn("step {}: inf/NaN gradients on some rank (loss scale {}); step skipped on every rank, nothing "
-                   "updated{}", state_.step + 1, r.loss_scale,
-                   scaler_->enabled() ? fmt::format(", loss scale now {}", scaler_->scale()) : "");
-    }
-    const int64_t limit = cfg_.train.max_skipped_steps;
-    if (limit > 0 && scaler_->skipped_in_a_row() > limit) {
-      throw std::runtime_error(fmt::format(
-          "training stopped: {} steps in a row skipped on inf/NaN gradients (step {}, train.precision {}, loss "
-          "scale {}). Fix: {}; or raise train.max_skipped_steps (0 = no limit).",
-          scaler_->skipped_in_a_row(), state_.step + 1, cfg_.train.precision, scaler_->scale(),
-          scaler_->enabled() ? "the scale is at or near train.loss_scale_min: lower train.lr, raise "
-                               "train.warmup_steps, or use train.precision: bf16"
-                             : "lower train.lr or raise train.warmup_steps"));
-    }
-    state_.step += 1;
-    state_.consumed_samples += cfg_.train.global_batch_size;  // the batch is consumed (documented)
+    skip_step(r, grads);
     return;
   }
   codec_before_step_.reset();
@@ -545,7 +521,7 @@ void Trainer::update(StepResult& r) {
     torch::NoGradGuard no_grad;
     for (const auto& g : grads) g.mul_(1.0 / r.loss_scale);  // exact for a power-of-two S (the defaults)
   }
-  const bool finite = grad_sync_->reduce(params_, state_.step);
+  const bool finite = grad_sync_->reduce(params_, state_.step, r.loss_scale);
   if (!finite) {  // BR-01: NaN norm here reaches every rank through the model-parallel all-reduce
     for (const auto& p : params_) p.grad().fill_(std::numeric_limits<float>::quiet_NaN());
   }
@@ -563,6 +539,34 @@ void Trainer::update(StepResult& r) {
   }
   state_.step += 1;
   state_.consumed_samples += cfg_.train.global_batch_size;
+}
+
+// An overflow agreed by the world (loss_scaler.h step 3): the pipeline codec is put back as it was
+// before the step, the gradients are dropped, nothing is updated; the step and the data position
+// advance. Too many skips in a row end the run with the scale and the fix.
+void Trainer::skip_step(StepResult& r, const std::vector<torch::Tensor>& grads) {
+  if (codec_before_step_) codec_->restore(std::move(*codec_before_step_));
+  codec_before_step_.reset();
+  for (const auto& g : grads) g.zero_();
+  r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  summary_.skipped_steps += 1;
+  if (!quiet_) {
+    spdlog::warn("step {}: inf/NaN gradients on some rank (loss scale {}); step skipped on every rank, nothing "
+                 "updated{}", state_.step + 1, r.loss_scale,
+                 scaler_->enabled() ? fmt::format(", loss scale now {}", scaler_->scale()) : "");
+  }
+  const int64_t limit = cfg_.train.max_skipped_steps;
+  if (limit > 0 && scaler_->skipped_in_a_row() > limit) {
+    throw std::runtime_error(fmt::format(
+        "training stopped: {} steps in a row skipped on inf/NaN gradients (step {}, train.precision {}, loss "
+        "scale {}). Fix: {}; or raise train.max_skipped_steps (0 = no limit).",
+        scaler_->skipped_in_a_row(), state_.step + 1, cfg_.train.precision, scaler_->scale(),
+        scaler_->enabled() ? "the scale is at or near train.loss_scale_min: lower train.lr, raise "
+                             "train.warmup_steps, or use train.precision: bf16"
+                           : "lower train.lr or raise train.warmup_steps"));
+  }
+  state_.step += 1;
+  state_.consumed_samples += cfg_.train.global_batch_size;  // the batch is consumed (documented)
 }
 
 // Memory components, every rank's traffic and compressor records (a world all-gather), /train.

@@ -125,6 +125,7 @@ class Trainer {
 
   StepResult step();
   void update(StepResult& r);
+  void skip_step(StepResult& r, const std::vector<torch::Tensor>& grads);
   void record_step(const StepResult& r, double pipeline_seconds, int64_t activations_peak);
   void log_progress(const StepResult& r);
   void evaluate(int64_t step);

@@ -135,16 +135,43 @@ TEST(Config, PrecisionNamesTheAcceptedValuesTheBuildAndTheLossScaleKeys) {
     EXPECT_THAT(msg, HasSubstr(build_description()));
     EXPECT_THAT(msg, HasSubstr("Fix: use bf16"));
   }
+  // Analytic tools (traffic model, simulator) model what this build cannot run.
+  EXPECT_NO_THROW(c.validate(1, Config::BuildLimits::kAnyBuild));
   c.train.precision = "bf16";  // the loss scale acts only with fp16
   c.train.loss_scale_initial = 1024;
   msg = validate_error(c);
-  EXPECT_THAT(msg, HasSubstr("train.loss_scale_initial = set: loss scaling acts only with train.precision: fp16"));
-  c.train.loss_scale_initial = 65536;
+  EXPECT_THAT(msg, HasSubstr("train.loss_scale_initial = 1024: loss scaling acts only with train.precision: fp16 "
+                             "(this run is bf16)"));
+  c.train.loss_scale_initial = 65536;  // the default, as a dumped config lists it: accepted
+  EXPECT_NO_THROW(c.validate(1));
   c.train.max_skipped_steps = -1;
   EXPECT_THAT(validate_error(c), HasSubstr("train.max_skipped_steps = -1"));
   Config y;  // from an override, through the same visit()
   apply_override(y, "train.precision=bf16");
   EXPECT_EQ(y.train.precision, "bf16");
+}
+
+// parallel.grad_reduce_dtype: fp32 | compute; compute on a 16-bit run needs a stage that reduces
+// uncompressed (where it acts).
+TEST(Config, GradReduceDtypeNamesItsValuesAndWhereItActs) {
+  Config c;
+  c.model.vocab_size = 100;
+  c.parallel.pp = 2;
+  c.model.num_layers = 2;
+  c.parallel.grad_reduce_dtype = "bf16";
+  auto msg = validate_error(c, 2);
+  EXPECT_THAT(msg, HasSubstr("parallel.grad_reduce_dtype = 'bf16'"));
+  EXPECT_THAT(msg, HasSubstr("must be fp32 or compute"));
+  c.parallel.grad_reduce_dtype = "compute";
+  EXPECT_NO_THROW(c.validate(2));  // fp32 run: compute = fp32
+  c.train.precision = "bf16";
+  EXPECT_NO_THROW(c.validate(2));  // dp none: every stage reduces uncompressed
+  apply_override(c, "compression.dp={name: powersgd, rank: 4}");
+  msg = validate_error(c, 2);
+  EXPECT_THAT(msg, HasSubstr("parallel.grad_reduce_dtype = 'compute'"));
+  EXPECT_THAT(msg, HasSubstr("compression.dp = powersgd compresses them on every stage"));
+  apply_override(c, "compression.dp_stages=1");  // stage 1 reduces uncompressed
+  EXPECT_NO_THROW(c.validate(2));
 }
 
 TEST(Config, HeadsDivisibleByTensorParallel) {  // BR-16
@@ -307,9 +334,9 @@ TEST(Config, DatasetOfAnotherTokenizerIsRefusedThoughItsIdsFit) {
   } catch (const ConfigError& e) {
     msg = e.what();
   }
-  EXPECT_THAT(msg, AllOf(HasSubstr("model.vocab_size = 50257"), HasSubstr("8000-piece vocabulary"),
+  EXPECT_THAT(msg, AllOf(HasSubstr("model.vocab_size = 50257"), HasSubstr("a vocabulary of 8000 pieces"),
                          HasSubstr("data/corpus.json"), HasSubstr("data/corpus.model"),
-                         HasSubstr("dataset prepared with a 50257-piece tokenizer"),
+                         HasSubstr("dataset prepared with a tokenizer of 50257 pieces"),
                          HasSubstr("model.vocab_size: 0"), HasSubstr("gpt-2.5b.yaml")));
   EXPECT_NO_THROW(check_tokenizer_vocab(c, 50257));
   EXPECT_NO_THROW(check_tokenizer_vocab(c, 0));  // no .json: nothing known of the tokenizer

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <regex>
 #include <tuple>
@@ -406,6 +407,19 @@ TEST(TrafficModelVsMeters, CbFeScBf16) {
   expect_model_equals_meters(c, "cb_fe_sc_bf16");
 }
 
+// parallel.grad_reduce_dtype: compute at bf16: the uncompressed DP all-reduce (stage 1 under SC way
+// 1; stage 0 compresses with PowerSGD, fp32) carries 2 bytes per element, padded to dp chunks.
+TEST(TrafficModelVsMeters, CbFeScBf16GradReduceInCompute) {
+  Config c = measured_config();
+  c.train.precision = "bf16";
+  c.parallel.grad_reduce_dtype = "compute";
+  apply_override(c, "compression.scheme=cb_fe_sc");
+  apply_override(c, "compression.pipeline_backward={name: lowrank, rank: 4}");
+  apply_override(c, "compression.dp={name: powersgd, rank: 4, warmup_steps: 0}");
+  apply_override(c, "compression.dp_stages=1");
+  expect_model_equals_meters(c, "cb_fe_sc_bf16_grad_compute");
+}
+
 // compression.tp: bf16 on an fp32 run: the TP all-reduces cast to bf16 and sum through the
 // Communicator's Gloo path (all-to-all, fp32 sum, all-gather), metered as the model says.
 TEST(TrafficModelVsMeters, TpBf16Wire) {
@@ -440,6 +454,47 @@ TEST(TrafficModel, Bf16HalvesActivationTrafficAndKeepsGradients) {
   paper.element_bytes = 2;  // the paper's all-fp16 runs: --element-bytes 2 sets both
   EXPECT_EQ(activation_element_bytes(fp32, paper), 2);
   EXPECT_EQ(gradient_element_bytes(paper), 2);
+}
+
+// --element-bytes β counts every message at β bytes: PowerSGD's P, Q and raw all-reduces halve at
+// β = 2 like the uncompressed ones (the paper's all-fp16 runs); β must be an element size.
+TEST(TrafficModel, ElementBytesAppliesToEveryGradientMessage) {
+  Config c = measured_config();
+  c.model.vocab_size = 64;
+  apply_override(c, "compression.dp={name: powersgd, rank: 4, warmup_steps: 0}");
+  TrafficModelOptions four, two;
+  four.element_bytes = 4, two.element_bytes = 2;
+  const TrafficEstimate a = estimate_traffic(c, four), b = estimate_traffic(c, two);
+  for (Traffic t : {Traffic::kDataParallel, Traffic::kEmbedding, Traffic::kPipelineForward}) {
+    EXPECT_GT(b.cluster_total(t), 0) << traffic_name(t);
+    EXPECT_EQ(b.cluster_total(t) * 2, a.cluster_total(t)) << traffic_name(t);
+  }
+  TrafficModelOptions odd;
+  odd.element_bytes = 3;
+  try {
+    (void)estimate_traffic(c, odd);
+    ADD_FAILURE() << "--element-bytes 3 accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("--element-bytes 3 is not an element size"), std::string::npos) << e.what();
+  }
+}
+
+// grad_reduce_dtype: compute on a bf16 run halves the uncompressed DP bytes (up to the padding to
+// dp chunks), and leaves them on an fp32 run.
+TEST(TrafficModel, GradReduceDtypeComputeHalvesUncompressedDp) {
+  Config c = measured_config();
+  c.model.vocab_size = 64;
+  c.train.precision = "bf16";
+  Config compute = c;
+  compute.parallel.grad_reduce_dtype = "compute";
+  const TrafficModelOptions o;
+  const int64_t fp32_dp = estimate_traffic(c, o).cluster_total(Traffic::kDataParallel);
+  const int64_t bf16_dp = estimate_traffic(compute, o).cluster_total(Traffic::kDataParallel);
+  EXPECT_GT(bf16_dp, 0);
+  EXPECT_LE(std::llabs(bf16_dp * 2 - fp32_dp), 8 * 2 * 4) << fp32_dp << " vs " << bf16_dp;  // ≤ 1 padded element per rank
+  EXPECT_EQ(uncompressed_dp_element_bytes(compute, o), 2);
+  compute.train.precision = "fp32";
+  EXPECT_EQ(estimate_traffic(compute, o).cluster_total(Traffic::kDataParallel), fp32_dp);
 }
 
 class DpReducers : public ::testing::TestWithParam<std::string> {};
