@@ -266,6 +266,14 @@ std::string cpu_bf16_instructions() {
   return "none";
 }
 
+std::string compute_gemm_library(c10::ScalarType compute) {
+  if (compute == c10::ScalarType::Float) return gemm_library();
+  if (compute != c10::ScalarType::BFloat16 || !at::hasMKLDNN()) return "ATen";
+  const std::string isa = cpu_bf16_instructions();
+  return fmt::format("ATen (LibTorch's oneDNN bf16 matmul, {})",
+                     isa == "none" ? "no bf16 instructions: computed in fp32 inside" : isa);
+}
+
 std::string gemm_library() {
   if (gemm_uses_onednn()) return gemm_library_name(GemmLibrary::kOneDnn);
   return gemm_library_name(GemmLibrary::kAten) + (forced_aten() ? " (OPTCC_GEMM=aten)" : "");

@@ -26,6 +26,13 @@ std::string gemm_library();
 /// are no faster than fp32). bf16 GEMMs run through ATen (LibTorch's oneDNN kernels), not mm_f32_out.
 std::string cpu_bf16_instructions();
 
+/// The library running the model's CPU GEMMs in `compute` dtype (train.precision's): fp32 ->
+/// gemm_library(); bf16 -> "ATen (LibTorch's oneDNN bf16 matmul, <instructions>)" when LibTorch
+/// was built with oneDNN (its mkldnn matmul takes bf16 GEMMs), naming cpu_bf16_instructions() or
+/// "no bf16 instructions: computed in fp32 inside"; fp16 or no oneDNN -> "ATen". The training log
+/// and `bench step` print it.
+std::string compute_gemm_library(c10::ScalarType compute);
+
 /// True when CPU fp32 GEMMs go through oneDNN (built with it and not forced to ATen).
 bool gemm_uses_onednn();
 

@@ -415,9 +415,9 @@ void check_tokenizer_vocab(const Config& cfg, int64_t dataset_vocab_size) {
   if (dataset_vocab_size <= 0 || dataset_vocab_size == cfg.model.vocab_size) return;
   const std::string& prefix = cfg.data.prefix;
   throw ConfigError(fmt::format(
-      "config error: model.vocab_size = {} but the dataset {} was tokenized with a {}-piece vocabulary ({}.json "
+      "config error: model.vocab_size = {} but the dataset {} was tokenized with a vocabulary of {} pieces ({}.json "
       "vocab_size, tokenizer {}.model): a model trained on it learns the wrong embedding rows, even though every id "
-      "fits. Fix: point data.prefix at a dataset prepared with a {}-piece tokenizer, or set model.vocab_size: 0 to "
+      "fits. Fix: point data.prefix at a dataset prepared with a tokenizer of {} pieces, or set model.vocab_size: 0 to "
       "take {} from the dataset (config: {}).",
       cfg.model.vocab_size, prefix, dataset_vocab_size, prefix, prefix, cfg.model.vocab_size, dataset_vocab_size,
       cfg.source_path.empty() ? "<config>" : cfg.source_path));

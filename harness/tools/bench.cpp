@@ -63,6 +63,27 @@ double gemm_gflops(const Mm& mm, const std::vector<std::array<int64_t, 3>>& shap
   return flops / median(times) / 1e9;
 }
 
+// The GEMM rates at the model's shapes in the step's compute dtype, into r.gemm and the best into
+// r.gemm_gflops / r.gemm_library. fp32: every library this build has (on a GPU only ATen: oneDNN and
+// the thin kernels are CPU libraries). bf16 / fp16: ATen, which the model uses.
+void measure_gemm_rates(StepBenchResult& r, const GptOptions& o, int64_t micro_batch, const Placement& placement) {
+  const auto shapes = model_gemm_shapes(o, micro_batch);
+  if (o.compute_dtype == torch::kFloat) {
+    const auto libraries = placement.on_gpu() ? std::vector<GemmLibrary>{GemmLibrary::kAten} : gemm_libraries();
+    for (GemmLibrary lib : libraries) {
+      const auto mm = [lib](torch::Tensor& y, const torch::Tensor& a, const torch::Tensor& b) { mm_f32_out_with(lib, y, a, b); };
+      const double g = gemm_gflops(mm, shapes, placement.device, torch::kFloat);
+      r.gemm.push_back({gemm_library_name(lib), g});
+      if (g > r.gemm_gflops) r.gemm_gflops = g, r.gemm_library = gemm_library_name(lib);
+    }
+    return;
+  }
+  const auto mm = [](torch::Tensor& y, const torch::Tensor& a, const torch::Tensor& b) { at::mm_out(y, a, b); };
+  r.gemm_library = std::string("ATen at::mm ") + c10::toString(o.compute_dtype);
+  r.gemm_gflops = gemm_gflops(mm, shapes, placement.device, o.compute_dtype);
+  r.gemm.push_back({r.gemm_library, r.gemm_gflops});
+}
+
 }  // namespace
 
 StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t threads) {
@@ -109,25 +130,9 @@ StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t th
   r.model_gflops = gpt_train_flops(o, cfg.train.global_batch_size) / r.step_seconds / 1e9;
   r.precision = cfg.train.precision;
   r.cpu_bf16 = cpu_bf16_instructions();
-  r.linear_library = placement.on_gpu() ? "ATen (CUDA)" : o.compute_dtype == torch::kFloat ? gemm_library() : "ATen";
+  r.linear_library = placement.on_gpu() ? "ATen (CUDA)" : compute_gemm_library(o.compute_dtype);
   r.allocator = cpu_allocator();
-  // The GEMM rates in the step's compute dtype. fp32: every library this build has (on a GPU only
-  // ATen: oneDNN and the thin kernels are CPU libraries). bf16 / fp16: ATen, which the model uses.
-  const auto shapes = model_gemm_shapes(o, cfg.train.micro_batch_size);
-  if (o.compute_dtype == torch::kFloat) {
-    const auto libraries = placement.on_gpu() ? std::vector<GemmLibrary>{GemmLibrary::kAten} : gemm_libraries();
-    for (GemmLibrary lib : libraries) {
-      const auto mm = [lib](torch::Tensor& y, const torch::Tensor& a, const torch::Tensor& b) { mm_f32_out_with(lib, y, a, b); };
-      const double g = gemm_gflops(mm, shapes, placement.device, torch::kFloat);
-      r.gemm.push_back({gemm_library_name(lib), g});
-      if (g > r.gemm_gflops) r.gemm_gflops = g, r.gemm_library = gemm_library_name(lib);
-    }
-  } else {
-    const auto mm = [](torch::Tensor& y, const torch::Tensor& a, const torch::Tensor& b) { at::mm_out(y, a, b); };
-    r.gemm_library = std::string("ATen at::mm ") + cfg.train.precision;
-    r.gemm_gflops = gemm_gflops(mm, shapes, placement.device, o.compute_dtype);
-    r.gemm.push_back({r.gemm_library, r.gemm_gflops});
-  }
+  measure_gemm_rates(r, o, cfg.train.micro_batch_size, placement);
   r.ratio = r.model_gflops / r.gemm_gflops;
   return r;
 }

@@ -73,6 +73,7 @@ TEST(Training, LossFallsOnTinyRun) {
   testing::TempDir dir;
   testing::write_synthetic_corpus(dir / "corpus", 64, 200);
   auto c = tiny_run(dir, 40);
+  c.train.eval_interval = 40;  // step 0 and the end (0 would evaluate only at the end)
   TrainOptions opt;
   opt.quiet = true;
   auto s = run_training(c, opt);
