@@ -2,11 +2,14 @@
 # Mixed precision against fp32 on the main job (README "Mixed precision"): experiments/demo-3d.yaml (TP2 x PP2 x DP2,
 # 8 local ranks, 300 steps, real corpus) once per precision, same seed, then the validation losses
 # of both side by side.
-#   scripts/precision_runs.sh [PRECISION ...]      default: fp32 bf16
+#   scripts/precision_runs.sh [PRECISION[:GRAD_REDUCE_DTYPE] ...]      default: fp32 bf16
+# e.g. `scripts/precision_runs.sh fp32 bf16 bf16:compute` adds a bf16 run whose DP all-reduce carries
+# bf16 (parallel.grad_reduce_dtype: compute), named demo-3d-bf16-compute.
 # Needs a built optcc (OPTCC, default build/optcc) and the prepared corpus (make data). Results go to
 # results/demo-3d-<precision>.h5 (checkpoints off: nothing else is written); when one of them exists
 # already the script stops before any run (optcc would write the rerun under another name, and the
-# table would read the old file): move it away to run again. About 3 minutes per run on 2 cores.
+# table would read the old file): move it away to run again, or set REUSE=1 to put the existing file
+# in the table instead of running that one again. About 3 minutes per run on 2 cores.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -16,15 +19,26 @@ precisions=("$@")
 [[ ${#precisions[@]} -gt 0 ]] || precisions=(fp32 bf16)
 [[ -x $OPTCC ]] || { echo "$0: no optcc at $OPTCC. Fix: make build (or set OPTCC)" >&2; exit 2; }
 [[ -f data/corpus.bin ]] || { echo "$0: no prepared corpus (data/corpus.bin). Fix: make data" >&2; exit 2; }
+run_name() { echo "demo-3d-${1/:/-}"; }
 for p in "${precisions[@]}"; do
-  [[ ! -e results/demo-3d-$p.h5 ]] || { echo "$0: results/demo-3d-$p.h5 exists. Fix: move it away first" >&2; exit 2; }
+  name=$(run_name "$p")
+  [[ ! -e results/$name.h5 || ${REUSE:-0} == 1 ]] ||
+    { echo "$0: results/$name.h5 exists. Fix: move it away first, or REUSE=1 to reuse it" >&2; exit 2; }
 done
 files=()
 for p in "${precisions[@]}"; do
-  name=demo-3d-$p
+  name=$(run_name "$p")
+  if [[ -e results/$name.h5 ]]; then
+    echo "$name: reusing results/$name.h5"
+    files+=("results/$name.h5")
+    continue
+  fi
+  precision=${p%%:*}
+  grad_reduce=fp32
+  [[ $p != *:* ]] || grad_reduce=${p#*:}
   start=$(date +%s)
-  "$OPTCC" train --config experiments/demo-3d.yaml --nproc 8 --set train.precision="$p" \
-    --set log.run_name="$name" --set checkpoint.interval=0
+  "$OPTCC" train --config experiments/demo-3d.yaml --nproc 8 --set train.precision="$precision" \
+    --set parallel.grad_reduce_dtype="$grad_reduce" --set log.run_name="$name" --set checkpoint.interval=0
   echo "$name: $(( $(date +%s) - start )) s"
   files+=("results/$name.h5")
 done
