@@ -3,9 +3,15 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <openssl/evp.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <vector>
 
 
 namespace optcc {
@@ -19,6 +25,28 @@ constexpr int64_t kFormatVersion = 3;
 
 std::string rank_file(const fs::path& ckpt_dir, int64_t rank) {
   return (ckpt_dir / fmt::format("rank_{:05d}.pt", rank)).string();
+}
+
+// SHA-256 of a file's bytes, lowercase hex (OpenSSL's EVP interface).
+std::string sha256_of_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("checkpoint: cannot open {} to check it: {}", path, std::strerror(errno)));
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), &EVP_MD_CTX_free);
+  if (!ctx || EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) != 1) {
+    throw std::runtime_error("checkpoint: OpenSSL cannot initialise SHA-256");
+  }
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    if (in.gcount() > 0) EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad()) throw std::runtime_error(fmt::format("checkpoint: read error in {}: {}", path, std::strerror(errno)));
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  EVP_DigestFinal_ex(ctx.get(), md, &len);
+  std::string hex;
+  for (unsigned i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
+  return hex;
 }
 
 void write_text_atomically(const fs::path& path, const std::string& text) {
@@ -89,6 +117,9 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
   } catch (const c10::Error& e) {
     throw std::runtime_error(fmt::format("checkpoint: cannot write {}: {}", tmp, e.what_without_backtrace()));
   }
+  // The checksum first (sha256sum's format), then the file under its name: a file that exists has one.
+  write_text_atomically(checkpoint_checksum_file(file),
+                        sha256_of_file(tmp) + "  " + fs::path(file).filename().string() + "\n");
   fs::rename(tmp, file);
   barrier();
   if (layout.rank == 0) {
@@ -96,6 +127,23 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
     if (keep > 0) prune_checkpoints(dir, state.step, keep);
   }
   return ckpt_dir.string();
+}
+
+std::string checkpoint_checksum_file(const std::string& file) { return file + ".sha256"; }
+
+std::string checkpoint_checksum_problem(const std::string& file) {
+  const std::string sum_file = checkpoint_checksum_file(file);
+  std::ifstream in(sum_file);
+  std::string expected;
+  if (!(in >> expected)) {
+    return fmt::format("{} has no checksum ({} is missing or empty: the file was not written completely by this "
+                       "optcc, or the checksum was removed)",
+                       file, sum_file);
+  }
+  const std::string actual = sha256_of_file(file);
+  if (actual == expected) return "";
+  return fmt::format("{} is corrupt: its SHA-256 is {}, but {}, written with it, says {}", file, actual, sum_file,
+                     expected);
 }
 
 std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t written_step, int64_t keep) {
@@ -147,8 +195,37 @@ std::optional<std::string> find_checkpoint(const std::string& path) {
 
 namespace {
 
-// The archive of `file`, checked for this build's format.
+// The newest iter_* directory of the same checkpoint.dir older than `ckpt_dir` whose file of `rank` is
+// there and matches its checksum, or "" when there is none.
+std::string newest_intact_older(const fs::path& ckpt_dir, const std::string& rank_name) {
+  const auto own = iter_step(ckpt_dir.filename().string());
+  std::vector<std::pair<int64_t, fs::path>> older;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(ckpt_dir.parent_path(), ec)) {
+    const auto step = iter_step(e.path().filename().string());
+    if (step && own && *step < *own) older.emplace_back(*step, e.path());
+  }
+  std::sort(older.begin(), older.end(), std::greater<>());
+  for (const auto& [step, dir] : older) {
+    const std::string f = (dir / rank_name).string();
+    if (!fs::exists(f) || !fs::exists(checkpoint_checksum_file(f))) continue;
+    if (checkpoint_checksum_problem(f).empty()) return dir.string();
+  }
+  return "";
+}
+
+// The archive of `file`, checked against its checksum and for this build's format.
 torch::serialize::InputArchive open_archive(const std::string& file) {
+  if (const std::string problem = checkpoint_checksum_problem(file); !problem.empty()) {
+    const fs::path dir = fs::path(file).parent_path();
+    const std::string older = newest_intact_older(dir, fs::path(file).filename().string());
+    throw std::runtime_error(fmt::format(
+        "checkpoint: {}. Nothing of it was loaded. Fix: {}", problem,
+        older.empty() ? fmt::format("no older intact checkpoint of this rank is in {}; start over without --resume "
+                                    "(or restore the file from a copy)",
+                                    dir.parent_path().string())
+                      : fmt::format("resume from the newest intact older checkpoint: --resume {}", older)));
+  }
   torch::serialize::InputArchive ar;
   try {
     ar.load_from(file, torch::Device(torch::kCPU));  // device-agnostic (checkpoint.h)

@@ -66,6 +66,16 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
 /// directories; throws std::runtime_error naming the path when one cannot be removed.
 std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t written_step, int64_t keep);
 
+/// Every rank file <iter>/rank_NNNNN.pt is written with <file>.sha256 beside it (the SHA-256 of its
+/// bytes in sha256sum's format, so `sha256sum -c` checks it by hand), the checksum before the file
+/// takes its name. Every load checks it first: a missing or different checksum is an error naming
+/// the file and both digests, the newest older checkpoint whose file of that rank is intact, and the
+/// --resume command that uses it; nothing of a corrupt file is loaded.
+std::string checkpoint_checksum_file(const std::string& file);
+/// "" when `file` matches its checksum file; else why not (missing checksum, or both digests).
+/// Throws std::runtime_error naming the file when it cannot be read.
+std::string checkpoint_checksum_problem(const std::string& file);
+
 /// The checkpoint directory `latest` points to under `dir`, if any (whether or not it exists).
 std::optional<std::string> latest_checkpoint(const std::string& dir);
 

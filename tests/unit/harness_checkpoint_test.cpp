@@ -137,5 +137,51 @@ TEST(CheckpointPrune, LatestNamingAMissingCheckpointIsAClearError) {
   EXPECT_FALSE(find_checkpoint(tmp.str()).has_value());
 }
 
+// Every rank file carries a SHA-256 written with it; a flipped byte, a truncation or a missing
+// checksum is found on load, before anything is read, and the error names the newest intact older
+// checkpoint and the --resume command for it.
+TEST(CheckpointChecksum, CorruptFileIsRefusedNamingTheNewestIntactOlderCheckpoint) {
+  testing::TempDir tmp;
+  const std::string dir = tmp / "ckpt";
+  Saver s;
+  for (int64_t step : {10, 20, 30}) s.save(dir, step, 0);
+  const std::string file = dir + "/iter_0000030/rank_00000.pt";
+  ASSERT_EQ(checkpoint_checksum_problem(file), "");
+  std::ifstream sum(checkpoint_checksum_file(file));
+  std::string digest, name;
+  sum >> digest >> name;
+  EXPECT_EQ(digest.size(), 64u);
+  EXPECT_EQ(name, "rank_00000.pt");
+  {  // one byte in the middle of the file
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(fs::file_size(file) / 2));
+    char c = 0;
+    f.read(&c, 1);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(file) / 2));
+    c = static_cast<char>(c ^ 0x10);
+    f.write(&c, 1);
+  }
+  // iter 20's file is damaged too (truncated): the newest intact older one is iter 10.
+  fs::resize_file(dir + "/iter_0000020/rank_00000.pt", fs::file_size(dir + "/iter_0000020/rank_00000.pt") - 7);
+  try {
+    s.load(dir);
+    ADD_FAILURE() << "a corrupt checkpoint loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr(file + " is corrupt: its SHA-256 is"));
+    EXPECT_THAT(e.what(), HasSubstr("written with it, says " + digest));
+    EXPECT_THAT(e.what(), HasSubstr("Fix: resume from the newest intact older checkpoint: --resume " + dir +
+                                    "/iter_0000010"));
+  }
+  EXPECT_EQ(s.load(dir + "/iter_0000010"), 10);
+  fs::remove(checkpoint_checksum_file(dir + "/iter_0000010/rank_00000.pt"));
+  try {
+    s.load(dir + "/iter_0000010");
+    ADD_FAILURE() << "a checkpoint without its checksum loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("iter_0000010/rank_00000.pt has no checksum"));
+    EXPECT_THAT(e.what(), HasSubstr("no older intact checkpoint of this rank"));
+  }
+}
+
 }  // namespace
 }  // namespace optcc
