@@ -302,12 +302,42 @@ void check_grad_reduce_dtype(const Config& c) {
   }
   if (v != "compute" || c.train.precision == "fp32" || c.compression.dp.name == "none") return;
   if (c.compression.dp_stages == "all" || sc_way(c) >= c.parallel.pp) {
+    const bool cast = c.compression.dp.name == "bf16" || c.compression.dp.name == "fp16";
     fail("parallel.grad_reduce_dtype", "'compute'",
-         fmt::format("acts on the DP gradients reduced uncompressed, and compression.dp = {} compresses them on "
-                     "every stage (compression.dp_stages = {})",
-                     c.compression.dp.name, c.compression.dp_stages),
-         "use fp32, or let some stages reduce uncompressed (compression.dp_stages: 1 .. pp-1 or auto), or "
-         "compression.dp: bf16 / fp16 for a 16-bit cast of every DP gradient");
+         fmt::format("acts on the DP gradients reduced uncompressed, and compression.dp = {}{} compresses them on "
+                     "all {} stages (compression.dp_stages = {})",
+                     c.compression.dp.name,
+                     c.compression.scheme.empty() ? "" : fmt::format(" (set by compression.scheme = {})", c.compression.scheme),
+                     c.parallel.pp, c.compression.dp_stages),
+         cast ? fmt::format("set parallel.grad_reduce_dtype: fp32 (compression.dp: {} already sends every DP gradient "
+                            "in 16 bits)", c.compression.dp.name)
+              : "set parallel.grad_reduce_dtype: fp32, or let some stages reduce uncompressed (compression.dp_stages: "
+                "1 .. pp-1, or auto)");
+  }
+}
+
+// log.run_name names the results file <log.dir>/<name>.h5 and the checkpoint folder <log.dir>/ckpt/
+// <name>: one path component. Spaces, quotes, commas and any UTF-8 are fine (results_index.py
+// quotes them in index.csv).
+void check_run_name(const std::string& n) {
+  if (n.empty()) return;  // the config file's stem, or "run"
+  std::string why;
+  if (n == "." || n == "..") {
+    why = "is a folder name, not a file name";
+  } else if (n.find('/') != std::string::npos || n.find('\\') != std::string::npos) {
+    why = "contains a path separator, so the files would land outside log.dir or in a missing folder";
+  } else if (n[0] == '.') {
+    why = "starts with '.', which hides the results file";
+  } else if (n[0] == '-') {
+    why = "starts with '-', which reads as an option wherever the name is passed on a command line";
+  } else if (n.size() > 200) {
+    why = fmt::format("is {} bytes long, more than the 200 a file name may safely have here", n.size());
+  } else if (std::any_of(n.begin(), n.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; })) {
+    why = "contains a control character";
+  }
+  if (!why.empty()) {
+    fail("log.run_name", "'" + n + "'", "names one file and one folder inside log.dir, and this " + why,
+         "use one plain name, e.g. demo-3d-bf16 (spaces, commas and Unicode are fine); log.dir chooses the folder");
   }
 }
 
@@ -324,6 +354,17 @@ void validate_rest(const Config& c) {
     fail("data.tokenizer_type", "'" + c.data.tokenizer_type + "'", "must be unigram or bpe",
          "pick one of them");
   }
+  // The validation split's weight, by the dataset's own rule on a large corpus (the corpus itself is
+  // checked when it is opened: harness/train/run_setup.h open_data).
+  if (c.train.eval_interval > 0) {
+    const auto parts = data::split_documents(1000000, c.data.split);
+    if (parts[1].end_doc == parts[1].begin_doc) {
+      fail("data.split", "'" + c.data.split + "'",
+           fmt::format("gives the validation split no weight, but train.eval_interval = {} asks for evaluation",
+                       c.train.eval_interval),
+           "give it weight (e.g. 949,50,1), or set train.eval_interval: 0 (then the run does not evaluate)");
+    }
+  }
   if (c.data.sources.empty()) fail("data.sources", "[]", "needs at least one source",
                                    "use [nlp-corpus, brown] or paths to .jsonl/.txt files");
   validate_compression(c);
@@ -336,6 +377,7 @@ void validate_rest(const Config& c) {
     }
   }
   check_positive("log.interval", c.log.interval);
+  check_run_name(c.log.run_name);
   if (c.log.level != "debug" && c.log.level != "info" && c.log.level != "warn") {
     fail("log.level", "'" + c.log.level + "'", "must be debug, info or warn", "pick one");
   }
@@ -437,6 +479,10 @@ int64_t sc_way(const Config& c) {
          "use all, auto, or e.g. 3 to compress stages 0..2 (spec §6.5)");
   }
   return std::min<int64_t>(way, c.parallel.pp);
+}
+
+std::string uncompressed_dp_dtype(const Config& c) {
+  return c.parallel.grad_reduce_dtype == "compute" ? c.train.precision : "fp32";
 }
 
 std::vector<std::string> compression_scheme_names() {

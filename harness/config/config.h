@@ -278,7 +278,13 @@ struct Config {
 };
 
 /// Loads `path` over the defaults, then applies `overrides` ("section.key=value", in order).
-/// Throws ConfigError (unknown key, wrong type, unreadable file) before any work starts.
+/// A key written twice in one mapping of `node`, at any depth (yaml-cpp keeps both and lookups
+/// see the first): "<dotted.path> (lines A and B)" for the first such key in document order, ""
+/// when every mapping's keys are distinct. Config files, --set values and experiment files are
+/// checked with it before they are read.
+std::string repeated_yaml_key(const YAML::Node& node);
+
+/// Throws ConfigError (unknown key, repeated key, wrong type, unreadable file) before any work starts.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
 /// The same from YAML text (e.g. the effective config a checkpoint stores); `origin` names the text
 /// in errors. source_path stays "" (set log.run_name to keep a run's name). Throws ConfigError.
@@ -299,6 +305,10 @@ YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec);
 /// SC (spec §6.5): the number of leading stages that compress DP gradients: pp for `all`, the
 /// integer way capped at pp, or -1 for `auto` (decided at run time). Throws ConfigError otherwise.
 int64_t sc_way(const Config& c);
+/// The precision name ("fp32", "bf16", "fp16") the uncompressed DP gradient all-reduce carries:
+/// train.precision's with parallel.grad_reduce_dtype: compute, else "fp32" (an fp32 run's compute
+/// is fp32). The gradient sync, the traffic model and the log read it from here.
+std::string uncompressed_dp_dtype(const Config& c);
 /// If model.vocab_size is 0, reads it from <data.prefix>.json; throws ConfigError if unavailable.
 /// Any other value is left as it is (a negative one for validate() to reject).
 void resolve_vocab(Config& cfg);

@@ -287,6 +287,45 @@ void apply_overrides(Config& cfg, const std::vector<std::string>& overrides) {
 
 }  // namespace
 
+namespace {
+
+std::string repeated_key_in(const YAML::Node& node, const std::string& path) {
+  if (node.IsSequence()) {
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      const std::string r = repeated_key_in(node[i], fmt::format("{}[{}]", path, i));
+      if (!r.empty()) return r;
+    }
+    return "";
+  }
+  if (!node.IsMap()) return "";
+  std::map<std::string, int> first_line;
+  for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) continue;
+    const std::string key = kv.first.Scalar();
+    const int line = kv.first.Mark().line + 1;
+    const std::string here = path.empty() ? key : path + "." + key;
+    if (const auto it = first_line.find(key); it != first_line.end()) {
+      return fmt::format("{} (lines {} and {})", here, it->second, line);
+    }
+    first_line.emplace(key, line);
+    const std::string r = repeated_key_in(kv.second, here);
+    if (!r.empty()) return r;
+  }
+  return "";
+}
+
+void check_no_repeated_key(const YAML::Node& root, const std::string& where) {
+  const std::string r = repeated_yaml_key(root);
+  if (r.empty()) return;
+  throw ConfigError(fmt::format("config error ({}): key {} is written twice; YAML keeps one of them silently. Fix: "
+                                "keep one (merge the two sections when a section is repeated).",
+                                where, r));
+}
+
+}  // namespace
+
+std::string repeated_yaml_key(const YAML::Node& node) { return repeated_key_in(node, ""); }
+
 void apply_override(Config& cfg, const std::string& assignment) {
   const auto eq = assignment.find('=');
   const auto dot = assignment.find('.');
@@ -306,6 +345,7 @@ void apply_override(Config& cfg, const std::string& assignment) {
     throw ConfigError(fmt::format("config error (--set {}): value '{}' is not valid YAML: {}",
                                   assignment, text, e.what()));
   }
+  check_no_repeated_key(n, "--set " + assignment);
   set_key(cfg, sec, key, n, "--set " + assignment);
 }
 
@@ -323,6 +363,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     } catch (const YAML::Exception& e) {
       throw ConfigError(fmt::format("config error: {} is not valid YAML: {}", path, e.what()));
     }
+    check_no_repeated_key(root, path);
     apply_document(cfg, root, path);
     cfg.source_path = path;
   }
@@ -338,6 +379,7 @@ Config load_config_text(const std::string& yaml, const std::string& origin, cons
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("config error: {} is not valid YAML: {}", origin, e.what()));
   }
+  check_no_repeated_key(root, origin);
   apply_document(cfg, root, origin);
   apply_overrides(cfg, overrides);
   return cfg;

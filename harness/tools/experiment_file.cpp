@@ -446,6 +446,9 @@ Experiment load_experiment(const std::string& path, const std::string& root) {
   } catch (const YAML::Exception& e) {
     r.fail("", "", std::string("not valid YAML: ") + e.what(), "correct the YAML syntax at that line");
   }
+  if (const std::string repeated = repeated_yaml_key(doc); !repeated.empty()) {
+    r.fail(repeated, "", "written twice; YAML keeps one of them silently", "keep one");
+  }
   if (!doc.IsMap() || !doc["experiment"]) {
     r.fail("experiment", "", "missing: this is not an experiment file (a plain config is run with `optcc train "
            "--config`)", "add an `experiment:` block, `scales:` and `grid:` (experiments/README.md)");

@@ -142,6 +142,10 @@ HardwareProfile parse_hardware_profile(const std::string& yaml_text, const std::
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("profile error: {}: not valid YAML: {}", origin, e.what()));
   }
+  if (const std::string repeated = repeated_yaml_key(root); !repeated.empty()) {
+    throw ConfigError(fmt::format("profile error: {}: key {} is written twice; YAML keeps one of them silently. "
+                                  "Fix: keep one.", origin, repeated));
+  }
   check_keys(root, "", {"name", "description", "device", "network", "transport", "compression"}, origin);
   HardwareProfile hw;
   hw.path = origin;

@@ -33,6 +33,13 @@ RunData open_data(const Config& c) {
   d.train = std::make_shared<const data::GptDataset>(
       indexed, splits[0],
       data::GptDatasetOptions{c.model.seq_len, c.train.train_steps * c.train.global_batch_size, seed, cache, "train"});
+  if (splits[1].end_doc == splits[1].begin_doc && c.train.eval_interval > 0) {
+    throw ConfigError(fmt::format(
+        "config error: data.split = '{}' leaves the validation split of {} ({} documents) empty, but "
+        "train.eval_interval = {} asks for evaluation every {} steps. Fix: give the validation split more weight "
+        "(e.g. data.split: 949,50,1), or set train.eval_interval: 0 (then the run does not evaluate).",
+        c.data.split, prefix, indexed->num_documents(), c.train.eval_interval, c.train.eval_interval));
+  }
   if (splits[1].end_doc > splits[1].begin_doc) {
     d.valid = std::make_shared<const data::GptDataset>(
         indexed, splits[1],

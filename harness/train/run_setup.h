@@ -19,7 +19,9 @@ namespace optcc {
 /// (check_dataset_vocab), split by data.split; the sample indices are built or read from
 /// <data.dir>/cache. Every rank calls it (each builds the same indices from train.seed). Throws
 /// std::runtime_error naming `optcc data fetch/prepare` when the .bin/.idx files are missing, and
-/// ConfigError when their token ids do not fit the vocabulary.
+/// ConfigError when their token ids do not fit the vocabulary, or when data.split leaves no
+/// validation document while train.eval_interval > 0 (an empty split with eval_interval 0 is a run
+/// without evaluation: RunData::valid is null, and the trainer says so at start).
 RunData open_data(const Config& c);
 
 /// The checkpoint this run resumes from (nullopt: step 0), by TrainOptions' rules (trainer.h);

@@ -34,7 +34,7 @@ TEST(LocalLaunch, EmulatedRunSharesTheNicSegmentAndTracesItsTimeline) {
   const std::string log = dir / "log.txt";
   const auto [code, launcher] = run(
       {optcc, "train", "--nproc", "4", "--config", std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml",
-       "--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data"), "--set", "data.split=100,0,0",
+       "--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data"), "--set", "data.split=100,0,0", "--set", "train.eval_interval=0",
        "--set", "model.vocab_size=64", "--set", "parallel.pp=2", "--set", "parallel.dp=2", "--set",
        "parallel.ranks_per_node=2", "--set", "train.train_steps=3", "--set", "train.threads=1", "--set",
        "log.dir=" + (dir / "results"), "--set", "log.run_name=emulated", "--set", "network.emulate=true", "--set",

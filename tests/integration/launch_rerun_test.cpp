@@ -97,7 +97,7 @@ TEST(Rerun, KilledRunIsRefusedOrResumedAndKeepsItsResults) {
       std::string(OPTCC_BINARY_DIR) + "/optcc", "train", "--config",
       std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml",
       "--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data"),
-      "--set", "data.split=100,0,0", "--set", "model.vocab_size=64", "--set", "train.train_steps=100000",
+      "--set", "data.split=100,0,0", "--set", "train.eval_interval=0", "--set", "model.vocab_size=64", "--set", "train.train_steps=100000",
       "--set", "train.threads=1", "--set", "log.dir=" + (dir / "results"), "--set", "checkpoint.interval=5"};
   const std::string results = dir / "results/smoke.h5", ckpt = dir / "results/ckpt/smoke";
 

@@ -53,7 +53,7 @@ TEST(LocalLaunch, KilledTrainingRankEndsTheRun) {
       std::string(OPTCC_BINARY_DIR) + "/optcc", "train", "--nproc", "4", "--config",
       std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml",
       "--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data"),
-      "--set", "data.split=100,0,0", "--set", "model.vocab_size=64", "--set", "parallel.pp=2",
+      "--set", "data.split=100,0,0", "--set", "train.eval_interval=0", "--set", "model.vocab_size=64", "--set", "parallel.pp=2",
       "--set", "parallel.dp=2", "--set", "train.train_steps=100000", "--set", "train.threads=1",
       "--set", "log.interval=1", "--set", "log.dir=" + (dir / "results"), "--set", "parallel.timeout_seconds=5"};
   const pid_t launcher = optcc::testing::spawn_logged(args, log);

@@ -169,9 +169,72 @@ TEST(Config, GradReduceDtypeNamesItsValuesAndWhereItActs) {
   apply_override(c, "compression.dp={name: powersgd, rank: 4}");
   msg = validate_error(c, 2);
   EXPECT_THAT(msg, HasSubstr("parallel.grad_reduce_dtype = 'compute'"));
-  EXPECT_THAT(msg, HasSubstr("compression.dp = powersgd compresses them on every stage"));
+  EXPECT_THAT(msg, HasSubstr("compression.dp = powersgd compresses them on all 2 stages"));
+  EXPECT_THAT(msg, HasSubstr("Fix: set parallel.grad_reduce_dtype: fp32, or let some stages reduce uncompressed"));
+  apply_override(c, "compression.dp=bf16");  // a 16-bit cast already: the fix says so
+  EXPECT_THAT(validate_error(c, 2), HasSubstr("Fix: set parallel.grad_reduce_dtype: fp32 (compression.dp: bf16 "
+                                              "already sends every DP gradient in 16 bits)"));
+  apply_override(c, "compression.dp={name: powersgd, rank: 4}");
   apply_override(c, "compression.dp_stages=1");  // stage 1 reduces uncompressed
   EXPECT_NO_THROW(c.validate(2));
+}
+
+std::string load_text_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    (void)load_config_text(yaml, "t.yaml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+// yaml-cpp keeps a repeated key and lookups see one of them: a key or a section written twice is
+// refused with its path and both lines, in a file and in a --set value; anchors and aliases work.
+TEST(Config, RepeatedKeysAreRefusedNamingBothLines) {
+  EXPECT_THAT(load_text_error("train:\n  lr: 0.001\n  seed: 3\n  lr: 0.002\n"),
+              AllOf(HasSubstr("config error (t.yaml): key train.lr (lines 2 and 4) is written twice"),
+                    HasSubstr("Fix: keep one")));
+  EXPECT_THAT(load_text_error("train:\n  lr: 0.001\nmodel:\n  preset: tiny\ntrain:\n  seed: 3\n"),
+              HasSubstr("key train (lines 1 and 5) is written twice"));
+  EXPECT_THAT(load_text_error("compression:\n  dp: {name: powersgd, rank: 4, rank: 8}\n"),
+              HasSubstr("key compression.dp.rank (lines 2 and 2)"));
+  EXPECT_THAT(load_text_error("", {"compression.dp={name: topk, name: powersgd}"}),
+              HasSubstr("config error (--set compression.dp={name: topk, name: powersgd}): key name (lines 1 and 1)"));
+  const Config c = load_config_text("compression:\n  dp: &psgd {name: powersgd, rank: 4}\n  embedding: *psgd\n", "t.yaml");
+  EXPECT_EQ(c.compression.embedding.name, "powersgd");
+  EXPECT_EQ(c.compression.embedding.options["rank"].as<int>(), 4);
+  EXPECT_EQ(repeated_yaml_key(YAML::Load("a: [{b: 1, c: 2}, {b: 1, b: 2}]")), "a[1].b (lines 1 and 1)");
+  EXPECT_EQ(repeated_yaml_key(YAML::Load("a: {b: 1}\nc: {b: 1}")), "");
+}
+
+// log.run_name is one path component inside log.dir, checked before any work.
+TEST(Config, RunNameIsOneFileNameInsideLogDir) {
+  Config c;
+  c.model.vocab_size = 100;
+  for (const std::string& bad : std::vector<std::string>{"a/b", "..", "../escape", ".hidden", "-x", "tab\there"}) {
+    c.log.run_name = bad;
+    const std::string msg = validate_error(c);
+    EXPECT_THAT(msg, HasSubstr("log.run_name = '" + bad + "'")) << bad;
+    EXPECT_THAT(msg, HasSubstr("names one file and one folder inside log.dir")) << bad;
+  }
+  for (const std::string& good :
+       std::vector<std::string>{"demo-3d", "my run, v2", "it's \"quoted\"", "\u00e9t\u00e9-\u5b9f\u9a13", "a..b"}) {
+    c.log.run_name = good;
+    EXPECT_EQ(validate_error(c), "") << good;
+  }
+}
+
+// An empty validation split where evaluation is asked for is refused before any work.
+TEST(Config, EmptyValidationSplitIsRefusedWhereEvaluationIsAskedFor) {
+  Config c;
+  c.model.vocab_size = 100;
+  c.data.split = "100,0,0";
+  const std::string msg = validate_error(c);
+  EXPECT_THAT(msg, HasSubstr("data.split = '100,0,0': gives the validation split no weight, but train.eval_interval "
+                             "= 50 asks for evaluation"));
+  EXPECT_THAT(msg, HasSubstr("set train.eval_interval: 0"));
+  c.train.eval_interval = 0;
+  EXPECT_EQ(validate_error(c), "");
 }
 
 TEST(Config, HeadsDivisibleByTensorParallel) {  // BR-16

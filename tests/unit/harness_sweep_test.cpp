@@ -172,6 +172,14 @@ TEST_F(SweepTest, AnIndexOutOfRangeIsRefused) {
   }
 }
 
+// A key written twice in an experiment file is refused with its path and both lines.
+TEST_F(SweepTest, RepeatedKeyIsRefusedNamingBothLines) {
+  const std::string body = "scales:\n  cpu:\n    base: experiments/base.yaml\n    base: experiments/other.yaml\n";
+  const std::string msg = error_of(body);
+  EXPECT_THAT(msg, HasSubstr("scales.cpu.base (lines"));
+  EXPECT_THAT(msg, HasSubstr("written twice"));
+}
+
 TEST_F(SweepTest, BenchmarkRunsAreTheProgramsCommandLine) {
   const std::string body =
       "experiment: {kind: benchmark}\n"

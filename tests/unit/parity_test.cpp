@@ -29,6 +29,7 @@ Config parity_config(const testing::TempDir& dir, Dims d) {
   c.data.prefix = dir / "corpus";
   c.data.dir = dir / "data";
   c.data.split = "100,0,0";  // no validation: parity is about training
+  c.train.eval_interval = 0;
   c.log.dir = dir / "results";
   c.log.run_name = fmt::format("tp{}pp{}dp{}", d.tp, d.pp, d.dp);
   c.model.num_layers = 4;

@@ -283,6 +283,7 @@ std::vector<int64_t> read_column(H5::H5File& f, const std::string& path) {
 Config measured_config() {  // data and result paths: expect_model_equals_meters
   Config c;
   c.data.split = "100,0,0";  // no validation pass: only training traffic in the step
+  c.train.eval_interval = 0;
   c.model.num_layers = 4;
   c.model.hidden_size = 32;
   c.model.num_heads = 4;

@@ -30,6 +30,7 @@ Config skip_config(const testing::TempDir& dir, const std::string& precision) {
   c.data.prefix = dir / "corpus";
   c.data.dir = dir / "data";
   c.data.split = "100,0,0";
+  c.train.eval_interval = 0;  // no validation split
   c.log.dir = dir / "results";
   c.log.run_name = "skip";
   c.model.num_layers = 4;

@@ -25,6 +25,7 @@ Config timeline_config(const testing::TempDir& dir, const std::string& name) {
   c.data.prefix = dir / "corpus";
   c.data.dir = dir / "data";
   c.data.split = "100,0,0";
+  c.train.eval_interval = 0;  // no validation split
   c.log.dir = dir / "results";
   c.log.run_name = name;
   c.model.num_layers = 2;
