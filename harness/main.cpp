@@ -110,6 +110,7 @@ struct Cli {
   CLI::App* train = nullptr;
   CLI::Option* resume_opt = nullptr;
   std::string resume;
+  bool allow_config_change = false;
   int nproc = 1;
   CLI::App* data = nullptr;
   std::string data_action;
@@ -152,6 +153,9 @@ void add_train_command(CLI::App& app, Cli& c) {
                                      "default inside a Slurm job). Without it, a run whose checkpoint.dir "
                                      "holds a checkpoint is refused")
                      ->expected(0, 1);
+  c.train->add_flag("--allow-config-change", c.allow_config_change,
+                    "with a resume: accept a config that changes keys a resume normally keeps (learning-rate "
+                    "schedule, model, data, compression, ...); the changes are logged and recorded in the results");
 }
 
 void add_data_commands(CLI::App& app, Cli& c) {
@@ -204,8 +208,9 @@ void add_traffic_command(CLI::App& app, Cli& c) {
   c.traffic->add_flag("--recompute", c.traffic_opts.recompute,
                       "k_TP = 6: full activation recomputation, as the paper's runs (optcc does not recompute)");
   c.traffic->add_option("--element-bytes", c.traffic_opts.element_bytes,
-                        "β: bytes per activation and gradient element (2: the paper's fp16 runs); default: "
-                        "activations in train.precision's dtype, gradients fp32, as a run meters them")
+                        "β: bytes per element of every message, 1, 2 (the paper's fp16 runs) or 4; default (0): "
+                        "activations in train.precision's dtype, the uncompressed DP all-reduce in "
+                        "parallel.grad_reduce_dtype's, other gradients fp32, as a run meters them")
       ->transform(decimal_integer());
   c.traffic->add_flag("--reference-powersgd", c.traffic_opts.reference_powersgd,
                       "DP PowerSGD compresses every >=2-D gradient, as the reference (min_compression_rate 0)");
@@ -332,6 +337,7 @@ int train_command(const Cli& c, const Config& cfg, int argc, char** argv) {
   if (c.resume_opt->count() > 0 && c.resume != "auto") opts.resume = c.resume.empty() ? cfg.checkpoint_dir() : c.resume;
   // A Slurm requeue reruns the same command: inside a job, continue from the checkpoint by default.
   opts.resume_auto = c.resume == "auto" || (c.resume_opt->count() == 0 && std::getenv("SLURM_JOB_ID") != nullptr);
+  opts.allow_config_change = c.allow_config_change;
   TrainSummary s = run_training(cfg, opts);
   if (!s.results_path.empty()) spdlog::info("done: steps {}..{}, results in {}", s.first_step, s.last_step, s.results_path);
   return 0;
@@ -344,11 +350,12 @@ int bench_command(const Cli& c, Config cfg) {
   for (const auto& [name, gflops] : r.gemm) gemms += fmt::format("{}{} {:.1f}", gemms.empty() ? "" : ", ", name, gflops);
   std::cout << fmt::format(
       "bench step: preset={} L={} h={} s={} B={} device={} threads={} precision={} (CPU bf16: {}); linear layers on "
-      "{}; heap: {}\n"
+      "{}; compressors' thin GEMMs: {}; heap: {}\n"
       "  {} GEMM at the model's shapes (GFLOP/s): {}\n"
       "  step {:.1f} ms | {:.0f} tokens/s | model {:.1f} GFLOP/s | best GEMM {:.1f} GFLOP/s ({}) | ratio {:.2f}\n",
       cfg.model.preset, cfg.model.num_layers, cfg.model.hidden_size, cfg.model.seq_len,
-      cfg.train.global_batch_size, r.device, r.threads, r.precision, r.cpu_bf16, r.linear_library, r.allocator,
+      cfg.train.global_batch_size, r.device, r.threads, r.precision, r.cpu_bf16, r.linear_library, r.thin_gemm,
+      r.allocator,
       r.precision, gemms, r.step_seconds * 1e3, r.tokens_per_second,
       r.model_gflops, r.gemm_gflops, r.gemm_library, r.ratio);
   return 0;

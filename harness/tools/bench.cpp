@@ -12,6 +12,7 @@
 #include "harness/parallel/threads.h"
 #include "harness/train/trainer.h"
 #include "kernels/gemm.h"
+#include "kernels/thin_gemm.h"
 #include "models/gpt.h"
 
 namespace optcc {
@@ -132,6 +133,7 @@ StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t th
   r.cpu_bf16 = cpu_bf16_instructions();
   r.linear_library = placement.on_gpu() ? "ATen (CUDA)" : compute_gemm_library(o.compute_dtype);
   r.allocator = cpu_allocator();
+  r.thin_gemm = placement.on_gpu() ? "ATen (CUDA)" : "kernels/thin_gemm.h, " + thin_gemm_isa();
   measure_gemm_rates(r, o, cfg.train.micro_batch_size, placement);
   r.ratio = r.model_gflops / r.gemm_gflops;
   return r;

@@ -20,7 +20,8 @@ struct StepBenchResult {
   double gemm_gflops = 0;        // the best library's GEMM rate at the model's shapes in the compute dtype, GFLOP/s
   std::string gemm_library;      // ... and its name
   std::vector<std::pair<std::string, double>> gemm;  // every library: name, GFLOP/s
-  std::string linear_library;    // what the model's linear layers ran on (kernels/gemm.h gemm_library())
+  std::string linear_library;    // what the model's linear layers ran on (kernels/gemm.h compute_gemm_library())
+  std::string thin_gemm;         // the compressors' thin GEMMs (kernels/thin_gemm.h thin_gemm_isa()), for the record
   std::string allocator;         // the heap allocator (harness/parallel/allocator.h cpu_allocator())
   double ratio = 0;              // model_gflops / gemm_gflops; near 1 = GEMM-bound at full speed
   int64_t threads = 0;

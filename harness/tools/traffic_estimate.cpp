@@ -288,7 +288,7 @@ int64_t gradient_element_bytes(const TrafficModelOptions& o) { return o.element_
 
 int64_t uncompressed_dp_element_bytes(const Config& cfg, const TrafficModelOptions& o) {
   if (o.element_bytes > 0) return o.element_bytes;
-  return cfg.parallel.grad_reduce_dtype == "compute" ? precision_element_bytes(cfg.train.precision) : 4;
+  return precision_element_bytes(uncompressed_dp_dtype(cfg));
 }
 
 namespace {

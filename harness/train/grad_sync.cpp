@@ -48,8 +48,7 @@ GradientSync::GradientSync(const Config& cfg, GptModel& model, Communicator* dp,
   if (compress_dp_) {
     dp_reducer_ = registry.create(cfg.compression.dp.name, cfg.compression.dp.options);
   } else {
-    const bool compute = cfg.parallel.grad_reduce_dtype == "compute";
-    auto none = std::make_unique<NoneReducer>(compute ? precision_dtype(cfg.train.precision) : torch::kFloat);
+    auto none = std::make_unique<NoneReducer>(precision_dtype(uncompressed_dp_dtype(cfg)));
     uncompressed_ = none.get();
     dp_reducer_ = std::move(none);
   }

@@ -1,5 +1,6 @@
 #include "harness/train/trainer.h"
 
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <array>
@@ -32,6 +33,7 @@
 #include "harness/train/sc_choice.h"
 #include "harness/train/stage_functions.h"
 #include "harness/train/loss_scaler.h"
+#include "harness/train/resume_check.h"
 #include "kernels/thin_gemm.h"
 #include "models/precision.h"
 #include "harness/parallel/stage_link.h"
@@ -222,6 +224,10 @@ void Trainer::set_up() {
 
 void Trainer::build_model_and_optimizer() {
   data_ = open_data(cfg_);  // every rank: middle stages need the split sizes only
+  if (!data_.valid && !quiet_) {
+    spdlog::warn("data.split = '{}' leaves no validation documents: this run does not evaluate (train.eval_interval "
+                 "is 0; give the split a validation weight, e.g. 949,50,1, to evaluate)", cfg_.data.split);
+  }
   model_ = GptModel(gpt_options(cfg_), d_.tp.get(), range_);  // drawn on the host: the same weights on every device
   model_->to(d_.placement.device);
   model_->train();
@@ -324,11 +330,32 @@ void Trainer::build_checkpoint_parts() {
 // Model, optimizer, step, data position, generators and every checkpoint part, from resume_from_.
 void Trainer::resume() {
   if (!resume_from_) return;
+  check_resume_config();
   state_ = load_checkpoint(*resume_from_, *model_, *optimizer_, layout_, {{"attention", model_->attention_generator()}},
                            checkpoint_parts_);
   if (!quiet_) {
     spdlog::info("resumed from {} at step {}{}", *resume_from_, state_.step, options_.resume ? "" : " (--resume auto)");
   }
+}
+
+// This run's config against the checkpoint's (resume_check.h), before anything is loaded: refused
+// with every changed key unless --allow-config-change, then logged and recorded.
+void Trainer::check_resume_config() {
+  const CheckpointFile saved = read_checkpoint_file(*resume_from_, layout_.rank, /*with_parameters=*/false);
+  const auto changes = resume_config_changes(saved.config_yaml, config_yaml_, to_yaml(Config()));
+  if (changes.empty()) return;
+  const std::string listed = describe_changes(changes);
+  if (!options_.allow_config_change) {
+    throw ConfigError(fmt::format(
+        "resume from {} (step {}): this run's config changes {} key{} a resume keeps as the checkpoint has them "
+        "(checkpoint value -> this run's):\n{}Fix: resume with the checkpoint's values, or start a new run (another "
+        "log.run_name and checkpoint.dir); or pass --allow-config-change to continue as a changed experiment (the "
+        "changes are logged and kept in the results' resume_config_changes). A resume may change: {}.",
+        *resume_from_, saved.step, changes.size(), changes.size() == 1 ? "" : "s", listed,
+        fmt::join(resume_mutable_keys(), ", ")));
+  }
+  resume_config_changes_ = listed;
+  if (!quiet_) spdlog::warn("resume with --allow-config-change: changed from the checkpoint's config:\n{}", listed);
 }
 
 // Fixed widths of the per-step record gather and the DP tensor names of every rank (world
@@ -365,15 +392,17 @@ std::map<std::string, std::string> Trainer::result_attributes() const {
   attrs["stage_layers"] = stage_layers_text(cfg_);
   attrs["launcher"] = d_.env.source;
   attrs["resumed_from_step"] = std::to_string(state_.step);
+  attrs["resume_config_changes"] = resume_config_changes_;  // "" unless --allow-config-change changed keys
   attrs["network_emulation"] = cfg_.network.emulate ? "on" : "off";
   attrs["network"] = network_summary(cfg_.network);  // effective values (profile applied)
   attrs["trainable_result"] = cfg_.network.skip.empty() ? "true" : "false";  // skipped transfers
   attrs["compression_dp"] = to_yaml_value(comp.dp);
   attrs["compression_scheme"] = comp.scheme.empty() ? "(none)" : comp.scheme;
   attrs["compression_summary"] = fmt::format(
-      "dp={} dp_stages={} [{}] embedding={} fused_embedding={} pipeline_forward={} pipeline_backward={} "
-      "backward_phases={} lep={} tp={}",
-      to_yaml_value(comp.dp), comp.dp_stages, sc_stages_, to_yaml_value(comp.embedding), comp.fused_embedding,
+      "dp={} dp_stages={} [{}] uncompressed_dp_dtype={} embedding={} fused_embedding={} pipeline_forward={} "
+      "pipeline_backward={} backward_phases={} lep={} tp={}",
+      to_yaml_value(comp.dp), comp.dp_stages, sc_stages_, uncompressed_dp_dtype(cfg_), to_yaml_value(comp.embedding),
+      comp.fused_embedding,
       to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases, comp.lep,
       to_yaml_value(comp.tp));
   // BR-05: which reconstruction the error-feedback residual subtracts, when the reducer has one.
@@ -412,8 +441,10 @@ void Trainer::log_start() const {
   const std::string lep = comp.lep == "lazy_decay" ? fmt::format("lazy_decay {}", comp.lep_decay) : comp.lep;
   const std::string bwd_how =
       comp.pipeline_backward.name == "none" ? "" : fmt::format(" ({}, lep {})", comp.backward_phases, lep);
-  spdlog::info("compression{}: dp={} (stages c = compressed: [{}]), embedding={}{}, pipeline fwd={} bwd={}{}, tp={}",
+  const std::string dp_wire = uncompressed_dp_dtype(cfg_);
+  spdlog::info("compression{}: dp={} (stages c = compressed: [{}]{}), embedding={}{}, pipeline fwd={} bwd={}{}, tp={}",
                comp.scheme.empty() ? "" : " (scheme " + comp.scheme + ")", to_yaml_value(comp.dp), sc_stages_,
+               dp_wire == "fp32" ? "" : fmt::format("; uncompressed stages all-reduce in {}, summed in fp32", dp_wire),
                to_yaml_value(comp.embedding), comp.fused_embedding ? " fused (FE)" : "",
                to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), bwd_how,
                to_yaml_value(comp.tp));

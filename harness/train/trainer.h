@@ -65,6 +65,9 @@ struct PipelineCodecSnapshot;
 struct TrainOptions {
   std::optional<std::string> resume;  // checkpoint dir (iter_* or its parent with `latest`)
   bool resume_auto = false;           // see above; ignored when `resume` is set
+  /// Resume even when this run's config changes keys a resume may not change (resume_check.h):
+  /// each change is logged and kept in the results file (`resume_config_changes`). Off: refused.
+  bool allow_config_change = false;
   std::string command_line;           // recorded in the results file
   bool quiet = false;                 // no progress lines (tests)
   bool keep_parameters = false;       // return the final parameters in the summary (tests)
@@ -118,6 +121,7 @@ class Trainer {
   void choose_sc_auto();
   void build_checkpoint_parts();
   void resume();
+  void check_resume_config();
   void build_records();
   std::map<std::string, std::string> result_attributes() const;
   void log_start() const;
@@ -138,6 +142,7 @@ class Trainer {
   Config cfg_;                                         // vocabulary resolved, validated
   std::optional<std::string> resume_from_;             // the checkpoint to resume from, if any
   bool writer_ = false, quiet_ = true;
+  std::string resume_config_changes_;  // "key: saved -> now" lines (resume_check.h); "" when none
   RankCoord coord_;
   int stages_ = 1;
   StageRange range_;

@@ -11,6 +11,7 @@
 #include <iterator>
 
 #include "harness/records/checkpoint.h"
+#include "harness/records/results_reader.h"
 #include "harness/config/config.h"
 #include "harness/train/optimizer.h"
 #include "harness/train/trainer.h"
@@ -92,6 +93,30 @@ TEST(Training, LossFallsOnTinyRun) {
   EXPECT_EQ(read_series(s.results_path, "/eval/loss").back(), s.eval_losses.back());
 }
 
+// A split whose validation part rounds to no document on this corpus (1 part in 1000 of 200
+// documents) is found when the data is opened, before step 0; with eval_interval 0 such a run
+// trains without evaluating.
+TEST(Training, ValidationSplitEmptyOnThisCorpusIsRefusedWhenEvaluating) {
+  testing::TempDir dir;
+  testing::write_synthetic_corpus(dir / "corpus", 64, 200);
+  TrainOptions opt;
+  opt.quiet = true;
+  auto c = tiny_run(dir, 2);
+  c.data.split = "999,1,0";
+  c.train.eval_interval = 1;
+  try {
+    (void)run_training(c, opt);
+    ADD_FAILURE() << "an empty validation split with eval_interval 1 trained";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("data.split = '999,1,0' leaves the validation split of"), std::string::npos)
+        << e.what();
+  }
+  c.train.eval_interval = 0;
+  const auto s = run_training(c, opt);
+  EXPECT_EQ(s.train_losses.size(), 2u);
+  EXPECT_TRUE(s.eval_losses.empty());
+}
+
 // bf16 (fp32 masters, bf16 compute) learns the same task as fp32 from the same seed: the curves
 // differ only by bf16 rounding of activations (8 mantissa bits), so the final validation losses
 // agree to a few hundredths of a nat; the parameters and their gradients stay fp32.
@@ -146,6 +171,52 @@ void expect_resume_bit_identical(const std::string& precision) {
     EXPECT_EQ(resumed.train_losses[i], full.train_losses[4 + i]) << "step " << 5 + i;
   }
   EXPECT_EQ(resumed.eval_losses.back(), full.eval_losses.back());
+}
+
+// A resume that changes what a resume keeps (here the learning-rate schedule) is refused before
+// anything is loaded, naming each key's checkpoint value and new value; --allow-config-change
+// continues and records the changes in the results; extending train_steps alone is a plain resume.
+TEST(Training, ResumeRefusesAChangedScheduleUnlessAllowed) {
+  testing::TempDir dir;
+  testing::write_synthetic_corpus(dir / "corpus", 64, 100);
+  TrainOptions opt;
+  opt.quiet = true;
+  auto c = tiny_run(dir, 2);
+  c.checkpoint.interval = 2;
+  c.checkpoint.dir = dir / "ckpt";
+  (void)run_training(c, opt);
+  auto changed = c;
+  changed.train.train_steps = 4;
+  changed.train.lr = 2e-3;
+  changed.train.warmup_steps = 1;
+  changed.checkpoint.interval = 0;  // leaves the checkpoint of step 2 as `latest`
+  changed.log.run_name = "changed";
+  opt.resume = dir / "ckpt";
+  try {
+    (void)run_training(changed, opt);
+    ADD_FAILURE() << "a resume with another learning-rate schedule was accepted";
+  } catch (const ConfigError& e) {
+    const std::string msg = e.what();
+    EXPECT_THAT(msg, ::testing::HasSubstr("(step 2): this run's config changes 2 keys"));
+    EXPECT_THAT(msg, ::testing::HasSubstr("train.lr: 0.003 -> 0.002"));
+    EXPECT_THAT(msg, ::testing::HasSubstr("train.warmup_steps: 5 -> 1"));
+    EXPECT_THAT(msg, ::testing::HasSubstr("--allow-config-change"));
+    EXPECT_THAT(msg, ::testing::HasSubstr("A resume may change: train.train_steps"));
+  }
+  opt.allow_config_change = true;
+  const auto allowed = run_training(changed, opt);
+  EXPECT_EQ(allowed.first_step, 2);
+  EXPECT_EQ(allowed.train_losses.size(), 2u);
+  EXPECT_THAT(read_root_attribute(allowed.results_path, "resume_config_changes"),
+              ::testing::HasSubstr("train.lr: 0.003 -> 0.002"));
+  opt.allow_config_change = false;
+  auto longer = c;  // the same config, 3 steps
+  longer.train.train_steps = 3;
+  longer.checkpoint.interval = 0;
+  longer.log.run_name = "longer";
+  const auto extended = run_training(longer, opt);
+  EXPECT_EQ(extended.first_step, 2);
+  EXPECT_EQ(read_root_attribute(extended.results_path, "resume_config_changes"), "");
 }
 
 TEST(Training, ResumeIsBitIdentical) { expect_resume_bit_identical("fp32"); }
