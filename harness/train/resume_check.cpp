@@ -4,6 +4,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <map>
 
 namespace optcc {
@@ -41,6 +42,23 @@ std::vector<std::pair<std::string, std::string>> flatten(const std::string& yaml
   return out;
 }
 
+int64_t integer_of(const std::map<std::string, std::string>& keys, const std::string& key) {
+  const auto it = keys.find(key);
+  if (it == keys.end()) return 0;
+  try {
+    return std::stoll(it->second);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+// The cosine decay length the schedule uses (harness/train/optimizer.h LrSchedule::from): decay_steps,
+// or train_steps - warmup_steps when it is 0.
+int64_t effective_decay(const std::map<std::string, std::string>& keys) {
+  const int64_t decay = integer_of(keys, "train.decay_steps");
+  return decay > 0 ? decay : std::max<int64_t>(1, integer_of(keys, "train.train_steps") - integer_of(keys, "train.warmup_steps"));
+}
+
 }  // namespace
 
 const std::vector<std::string>& resume_mutable_keys() {
@@ -56,9 +74,17 @@ std::vector<ConfigChange> resume_config_changes(const std::string& saved_yaml, c
   const auto saved = flatten(saved_yaml), now = flatten(now_yaml), defaults = flatten(defaults_yaml);
   const std::map<std::string, std::string> saved_by_key(saved.begin(), saved.end());
   const std::map<std::string, std::string> default_by_key(defaults.begin(), defaults.end());
+  const std::map<std::string, std::string> now_by_key(now.begin(), now.end());
   std::vector<ConfigChange> changes;
   for (const auto& [key, value] : now) {
     if (mutable_on_resume(key)) continue;
+    // The same schedule spelled differently (an explicit decay_steps equal to what 0 gives), or 0 on
+    // both sides (the decay follows train_steps, which may change): not a change.
+    if (key == "train.decay_steps" &&
+        (effective_decay(saved_by_key) == effective_decay(now_by_key) ||
+         (integer_of(saved_by_key, key) == 0 && integer_of(now_by_key, key) == 0))) {
+      continue;
+    }
     std::string before = "(unset)";
     if (const auto it = saved_by_key.find(key); it != saved_by_key.end()) {
       before = it->second;

@@ -34,7 +34,7 @@ TEST(SimulatorValidation, PredictsAMeasuredEmulatedStepWithin25Percent) {
   const std::string optcc = std::string(OPTCC_BINARY_DIR) + "/optcc";
   const std::vector<std::string> config = {
       "--config", std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml", "--set", "data.prefix=" + (dir / "corpus"),
-      "--set", "data.dir=" + (dir / "data"), "--set", "data.split=100,0,0", "--set", "model.vocab_size=64",
+      "--set", "data.dir=" + (dir / "data"), "--set", "data.split=100,0,0", "--set", "train.eval_interval=0", "--set", "model.vocab_size=64",
       "--set", "parallel.pp=2", "--set", "parallel.dp=2", "--set", "parallel.ranks_per_node=2",
       "--set", "train.global_batch_size=16", "--set", "train.threads=1", "--set", "network.emulate=true",
       "--set", "network.profile=paper-a100-ib200", "--set", "network.scale=3000"};
@@ -46,7 +46,7 @@ TEST(SimulatorValidation, PredictsAMeasuredEmulatedStepWithin25Percent) {
 
   // 1. the run: 14 steps, every step logged; the median of steps 4..14
   ASSERT_EQ(run(with({optcc, "train", "--nproc", "4"},
-                     {"--set", "train.train_steps=14", "--set", "train.eval_interval=0", "--set", "log.interval=1",
+                     {"--set", "train.train_steps=14", "--set", "log.interval=1",
                       "--set", "log.dir=" + (dir / "results"), "--set", "log.run_name=measured"}),
                 dir / "train.out", dir / "train.err"),
             0)

@@ -347,8 +347,9 @@ TEST_F(SweepErrorTest, GridAxes) {
   expect_error(head + "grid:\n  - {name: scheme, variants: {}}\n", "is empty: it would expand to no run");
   expect_error(head + "grid:\n  - {name: seed, key: train.seed, values: [1, 1]}\n",
                "grid[0].values[1] = 'seed1': appears twice in axis 'seed'");
+  // A variant name written twice is a repeated YAML key: refused with its path and line.
   expect_error(head + "grid:\n  - {name: s, variants: {a: [train.seed=1], a: [train.seed=2]}}\n",
-               "grid[0].variants.a = 'a': appears twice in axis 's'");
+               "grid[0].variants.a (lines 18 and 18): written twice");
   expect_error(head + "grid:\n  - {name: dp, key: compression.dp, values: [{name: topk}]}\n",
                "a values axis takes scalars");
   expect_error(head + "grid:\n  - {name: seed, key: train.seed, values: [-1], label: \"\"}\n",
