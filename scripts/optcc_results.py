@@ -12,6 +12,10 @@ file name without those suffixes. `Run` merges a run's files by step:
     of the earlier files with step > S (the later file wins; rows an abandoned attempt flushed after
     the checkpoint it was resumed from belong to a timeline that no longer exists), then adds its own.
   A file that cannot be opened is left out and named in `Run.unreadable`.
+  A file resumed with `optcc train --allow-config-change` (its attribute resume_config_changes is not
+  empty: the run went on under another config; harness/train/resume_check.h lists what a plain resume
+  may change) is not merged: `load_runs` makes it and the files after it a run of their own, named
+  "<run> (config changed at step S)", so no table or figure joins two experiments into one curve.
 
 Status of a run (the index's `status` column):
   complete  the merged /train table reached train.train_steps (config of the newest readable file);
@@ -281,12 +285,30 @@ class Run:
         return hashlib.sha256(json.dumps(self.configuration(), sort_keys=True).encode()).hexdigest()[:12]
 
 
+def split_at_config_changes(experiment, name, paths):
+    """The run's files as one Run, or several when a file was resumed under a changed config (the
+    module's docstring): each such file starts a new run named '<name> (config changed at step S)'."""
+    run = Run(experiment, name, paths)
+    cuts = [i for i, f in enumerate(run.files) if i > 0 and f.attrs.get("resume_config_changes", "")]
+    if not cuts:
+        return [run]
+    out, start = [], 0
+    for cut in cuts + [len(run.files)]:
+        part = [f.path for f in run.files[start:cut]]
+        label = name if start == 0 else f"{name} (config changed at step {run.files[start].first_step})"
+        unreadable = [p for p, _ in run.unreadable] if start == 0 else []
+        out.append(Run(experiment, label, part + unreadable))
+        start = cut
+    return out
+
+
 def load_runs(results_dir, experiments=None):
-    """Every run under results_dir (optionally only the named experiments), sorted."""
+    """Every run under results_dir (optionally only the named experiments), sorted; a run resumed
+    under a changed config is split there (split_at_config_changes)."""
     out = []
     for (experiment, name), paths in find_runs(results_dir).items():
         if experiments is None or experiment in experiments:
-            out.append(Run(experiment, name, paths))
+            out.extend(split_at_config_changes(experiment, name, paths))
     return out
 
 

@@ -339,6 +339,34 @@ class FiguresTest(unittest.TestCase):
         self.assertFalse(os.path.exists(other) and os.listdir(other))
 
 
+class ConfigChangeTest(unittest.TestCase):
+    """A part resumed with --allow-config-change (attribute resume_config_changes) is not merged into
+    the run it continues: load_runs and the index show it as a run of its own."""
+
+    def test_changed_config_part_is_its_own_run(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            exp = os.path.join(tmp, "results", "exp")
+            os.makedirs(exp)
+            final = FINAL[("cb", 1)]
+            write_file(os.path.join(exp, "x.h5"), attrs_of("cb", 1, "x", "2026-01-01T00:00:00Z"),
+                       run_rows("cb", 1, 1, 7, final))
+            changed = attrs_of("cb", 1, "x", "2026-01-01T01:00:00Z", 5)
+            changed["resume_config_changes"] = "  train.lr: 0.003 -> 0.002\n"
+            write_file(os.path.join(exp, "x.resumed-5.h5"), changed, run_rows("cb", 1, 6, STEPS, final))
+            sys.path.insert(0, os.path.join(SOURCE, "scripts"))
+            import optcc_results as R
+            runs = {r.name: r for r in R.load_runs(os.path.join(tmp, "results"))}
+            self.assertEqual(sorted(runs), ["x", "x (config changed at step 5)"])
+            self.assertEqual(runs["x"].table("train")["step"].tolist(), list(range(1, 8)))
+            self.assertEqual(runs["x (config changed at step 5)"].table("train")["step"].tolist(), list(range(6, 11)))
+            done = script("results_index.py", "--results", os.path.join(tmp, "results"))
+            self.assertEqual(done.returncode, 0, done.stderr)
+            with open(os.path.join(tmp, "results", "index.csv")) as f:
+                rows = {r["run"]: r for r in csv.DictReader(f)}
+            self.assertEqual(rows["x"]["files"], "exp/x.h5")
+            self.assertEqual(rows["x (config changed at step 5)"]["files"], "exp/x.resumed-5.h5")
+
+
 class ReferenceResultsTest(unittest.TestCase):
     """make_figures.py on the committed reference results: every run complete, every figure drawn."""
 
