@@ -192,7 +192,7 @@ void IndexedDatasetBuilder::add_sequence(const int64_t* tokens, size_t count) {
     default: narrow<int64_t>(tokens, count, buf_.data()); break;
   }
   bin_.write(buf_.data(), std::streamsize(buf_.size()));
-  if (!bin_) throw std::runtime_error(fmt::format("write error on {} (disk full?)", bin_tmp_));
+  if (!bin_) throw std::runtime_error(write_error(bin_tmp_));
   sizes_.push_back(int32_t(count));
 }
 
@@ -202,7 +202,7 @@ void IndexedDatasetBuilder::finalize() {
   if (finalized_) return;
   if (doc_idx_.back() != int64_t(sizes_.size())) end_document();
   bin_.flush();
-  if (!bin_) throw std::runtime_error(fmt::format("write error on {} (disk full?)", bin_tmp_));
+  if (!bin_) throw std::runtime_error(write_error(bin_tmp_));
   bin_.close();
   // .bin first: a reader that sees the new .idx also sees the new .bin.
   commit_file(bin_tmp_, prefix_ + ".bin");
@@ -235,7 +235,7 @@ void IndexedDatasetBuilder::merge(const std::vector<std::string>& inputs, const 
       bin.write(ds->bin_map_, std::streamsize(ds->bin_size_));
     }
     bin.flush();
-    if (!bin) throw std::runtime_error(fmt::format("write error on {} (disk full?)", bin_tmp));
+    if (!bin) throw std::runtime_error(write_error(bin_tmp));
   }
   commit_file(bin_tmp, bin_path);
   guard.release();

@@ -85,10 +85,19 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
     if (!out) throw std::runtime_error(fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
     out.write(bytes.data(), std::streamsize(bytes.size()));
     out.flush();
-    if (!out) throw std::runtime_error(fmt::format("write error on {} (disk full?)", tmp));
+    if (!out) throw std::runtime_error(write_error(tmp));
   }
   commit_file(tmp, path);
   guard.release();
+}
+
+std::string write_error(const std::string& path) {
+  const int e = errno;
+  return fmt::format("write error on {}: {} (errno {}){}. Fix: free space on that file system (or raise the quota or "
+                     "file-size limit), or point data.dir elsewhere, and run again",
+                     path, e != 0 ? std::strerror(e) : "unknown error", e,
+                     e == ENOSPC || e == EFBIG || e == EDQUOT ? ": the disk is full or a quota or file-size limit is reached"
+                                                               : "");
 }
 
 std::string read_file(const std::string& path) {

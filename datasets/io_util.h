@@ -23,6 +23,11 @@ void commit_file(const std::string& tmp_path, const std::string& final_path);
 // Writes `bytes` to `path` atomically (temp file + rename). Throws std::runtime_error on I/O errors.
 void write_file_atomic(const std::string& path, const std::string& bytes);
 
+// The message of a failed write to `path` (a stream's or write(2)'s), with the OS error in errno
+// now: "write error on PATH: File too large (errno 27): the disk is full or a quota or file-size limit
+// is reached. Fix: ...". For the caller to throw as std::runtime_error.
+std::string write_error(const std::string& path);
+
 // Whole file as a string. Throws std::runtime_error naming the path when it cannot be read.
 std::string read_file(const std::string& path);
 

@@ -67,7 +67,7 @@ void train_tokenizer(const std::vector<std::string>& documents, const std::strin
     std::ofstream out(text_path, std::ios::binary);
     if (!out) throw std::runtime_error(fmt::format("cannot create {}", text_path));
     for (const auto& d : documents) write_training_lines(out, d);
-    if (!out.flush()) throw std::runtime_error(fmt::format("write error on {} (disk full?)", text_path));
+    if (!out.flush()) throw std::runtime_error(write_error(text_path));
   }
   sentencepiece::SetRandomGeneratorSeed(static_cast<unsigned int>(o.seed));
   const std::unordered_map<std::string, std::string> args = {

@@ -24,6 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <iostream>
 
@@ -34,6 +35,7 @@
 #include "harness/tools/eval_checkpoint.h"
 #include "harness/config/config.h"
 #include "harness/parallel/distributed.h"
+#include "harness/parallel/stop_signal.h"
 #include "harness/parallel/threads.h"
 #include "harness/tools/sweep.h"
 #include "harness/tools/calibrate.h"
@@ -338,7 +340,10 @@ int train_command(const Cli& c, const Config& cfg, int argc, char** argv) {
   // A Slurm requeue reruns the same command: inside a job, continue from the checkpoint by default.
   opts.resume_auto = c.resume == "auto" || (c.resume_opt->count() == 0 && std::getenv("SLURM_JOB_ID") != nullptr);
   opts.allow_config_change = c.allow_config_change;
+  install_stop_signal_handlers();  // SIGTERM / SIGUSR1: checkpoint after this step and exit 75 (stop_signal.h)
+  std::signal(SIGXFSZ, SIG_IGN);   // a file-size limit is a write error naming the file, not a silent death
   TrainSummary s = run_training(cfg, opts);
+  if (s.stopped_by_signal != 0) return kStoppedExitCode;  // the trainer logged the step and the checkpoint
   if (!s.results_path.empty()) spdlog::info("done: steps {}..{}, results in {}", s.first_step, s.last_step, s.results_path);
   return 0;
 }
@@ -421,6 +426,7 @@ int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
 int main(int argc, char** argv) {
   using namespace optcc;
   ensure_passive_openmp(argv);
+  die_with_launcher();  // a rank of `--nproc`: ends with its launcher (stop_signal.h)
   CLI::App app{"optcc: communication-compressed 3D-parallel GPT training (Optimus-CC and beyond)"};
   app.require_subcommand(1);
   // What this binary can run (compat/torch_compat.h): e.g. "optcc 0.1.0, LibTorch 1.13.1, CPU only (built without CUDA)".

@@ -27,6 +27,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 
@@ -227,6 +228,29 @@ def launch_command(settings, run, extra, launcher):
     return srun + train
 
 
+# optcc train's exit code after a stop on SIGTERM/SIGUSR1 with its checkpoint written
+# (harness/parallel/stop_signal.h).
+STOPPED_EXIT_CODE = 75
+
+
+def run_forwarding_signals(command):
+    """Runs `command`; SIGUSR1 and SIGTERM sent to this process (sbatch --signal=B:USR1@N sends the
+    batch script's process one before the time limit) are passed on to it. Returns its exit code."""
+    child = None
+
+    def forward(signum, _frame):
+        if child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        child = subprocess.Popen(command, cwd=ROOT)
+        return child.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def run_one(settings, run, extra, launcher):
     """Trains `run` unless finished; writes its .done marker when optcc exits 0. Returns the exit code."""
     if run.finished():
@@ -235,11 +259,16 @@ def run_one(settings, run, extra, launcher):
     command = launch_command(settings, run, extra, launcher)
     os.makedirs(os.path.join(ROOT, run.results_dir), exist_ok=True)  # a benchmark's --benchmark_out needs it
     print(f"[{run.index}] {run.name}: {run.state()}\n  {shlex.join(command)}", flush=True)
-    code = subprocess.run(command, cwd=ROOT).returncode
-    if code == 0:
+    if launcher == "srun":  # a stop signal before the time limit: checkpoint, then requeue the task
+        command = [os.path.join(ROOT, "slurm", "stoppable"), *command]
+    code = run_forwarding_signals(command)
+    if code == STOPPED_EXIT_CODE:
+        print(f"[{run.index}] {run.name}: stopped on a signal after writing a checkpoint (exit {code}); it resumes "
+              "from there when the task runs again", flush=True)
+    elif code == 0:
         run.mark_finished(command, extra)
         print(f"[{run.index}] {run.name}: done -> {run.results}", flush=True)
-    else:
+    if code not in (0, STOPPED_EXIT_CODE):
         print(f"[{run.index}] {run.name}: optcc exited {code}; not marked finished (a rerun resumes it)",
               file=sys.stderr, flush=True)
     return code

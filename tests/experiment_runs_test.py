@@ -90,11 +90,69 @@ CPU_SLURM = {"nodes": 1, "tasks_per_node": 8, "gpus_per_node": 0, "cpus_per_task
              "array_limit": None, "mem": None, "exclusive": False, "gpus_per_task": 0}
 
 
+class StopSignalTest(unittest.TestCase):
+    """A stop signal before the time limit: the runner, and slurm/stoppable inside a task, pass SIGUSR1
+    on to optcc (here a child that exits 75 on it, as optcc train does after its checkpoint), and
+    stoppable requeues the job (a fake scontrol on PATH records the call)."""
+
+    def test_sigusr1_is_forwarded_and_the_stop_code_comes_back(self):
+        import signal
+        import threading
+        child = [sys.executable, "-c", "import signal, sys, time\n"
+                 "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
+                 "print('ready', flush=True)\n"
+                 "time.sleep(60)\nsys.exit(3)"]
+        timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGUSR1))
+        timer.start()
+        try:
+            self.assertEqual(er.run_forwarding_signals(child), er.STOPPED_EXIT_CODE)
+        finally:
+            timer.cancel()
+        self.assertEqual(signal.getsignal(signal.SIGUSR1), signal.SIG_DFL)  # put back
+
+    def run_stoppable(self, env):
+        """slurm/stoppable around a child that exits 75 on SIGUSR1; SIGUSR1 to stoppable after 1 s."""
+        child = [sys.executable, "-c", "import signal, sys, time\n"
+                 "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
+                 "time.sleep(60)\nsys.exit(3)"]
+        p = subprocess.Popen([os.path.join(REPO, "slurm", "stoppable"), *child], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+        import signal
+        import time
+        time.sleep(1.0)
+        p.send_signal(signal.SIGUSR1)
+        out, _ = p.communicate(timeout=30)
+        return p.returncode, out
+
+    def test_stoppable_passes_the_signal_on_and_requeues_the_job_on_75(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            log = os.path.join(tmp, "scontrol.log")
+            with open(os.path.join(tmp, "scontrol"), "w") as f:
+                f.write(f"#!/bin/sh\necho \"$@\" >> {log}\n")
+            os.chmod(os.path.join(tmp, "scontrol"), 0o755)
+            env = dict(os.environ, PATH=tmp + os.pathsep + os.environ["PATH"], SLURM_JOB_ID="4711")
+            code, out = self.run_stoppable(env)
+            self.assertEqual(code, 75, out)
+            self.assertIn("requeueing job 4711", out)
+            with open(log) as f:
+                self.assertEqual(f.read().split(), ["requeue", "4711"])
+            env.pop("SLURM_JOB_ID")
+            code, out = self.run_stoppable(env)
+            self.assertEqual(code, 75, out)
+            self.assertIn("run the same command again to resume", out)
+
+
 class SbatchOptionsTest(unittest.TestCase):
     """slurm/submit's translation of the slurm block into sbatch options."""
 
     def setUp(self):
         self.submit = load_submit()
+
+    def test_stop_signal_before_the_time_limit(self):
+        self.assertEqual(self.submit.resource_options(dict(CPU_SLURM, stop_signal_seconds=300))[-1],
+                         "--signal=B:USR1@300")
+        self.assertFalse([o for o in self.submit.resource_options(dict(CPU_SLURM, stop_signal_seconds=0))
+                          if o.startswith("--signal")])
 
     def test_cpu_scale_lines_are_unchanged(self):
         self.assertEqual(self.submit.resource_options(CPU_SLURM),

@@ -11,7 +11,9 @@ first command (sbatch ignores the ones after it), and that slurm/experiment.sbat
 slurm/submit) asks for no GPUs, memory or array range itself: those come from the experiment's slurm
 block on submit's command line (--gpus-per-task, --mem, --exclusive, --array=...%N), and an #SBATCH
 --gpus-per-node or --mem-per-cpu there would add to them or clash (sbatch refuses --mem with
---mem-per-cpu). Exit 0 = all good, 1 = a problem (each printed), 77 = not a git checkout (skipped).
+--mem-per-cpu). A template that runs `optcc train` itself must ask for a stop signal before its time
+limit (--signal=B:USR1@N), or the run dies there without a checkpoint (the array template gets it
+from slurm/submit). Exit 0 = all good, 1 = a problem (each printed), 77 = not a git checkout (skipped).
 """
 import os
 import re
@@ -76,6 +78,11 @@ def check(root, path, dirs):
                 problems.append(f"{rel}:{number}: #SBATCH {opt}: slurm/submit sets it from the experiment's slurm "
                                 "block (GPUs per task, memory, throttle); here it would add to or clash with that. "
                                 "Fix: remove it, and set the key in the experiment file's slurm: block")
+    with open(path) as f:
+        trains = re.search(r"\boptcc\b.*\btrain\b|\$OPTCC\S*\s+train\b", f.read()) is not None
+    if trains and os.path.basename(path) != ARRAY_TEMPLATE and not any(opt == "--signal" and (value or "").startswith("B:USR1@") for opt, value, _ in options):
+        problems.append(f"{rel}: trains but asks for no --signal=B:USR1@<seconds>: at its time limit the run dies "
+                        "without a checkpoint. Fix: add #SBATCH --signal=B:USR1@300 and pass the signal on to srun")
     values = {opt: (value, number) for opt, value, number in options if opt in PATH_OPTIONS}
     base = "."
     if "--chdir" in values:

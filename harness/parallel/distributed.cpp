@@ -14,9 +14,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <condition_variable>
 #include <map>
+#include <mutex>
 
 #include "harness/parallel/device.h"
+#include "harness/parallel/stop_signal.h"
 #include <thread>
 
 extern char** environ;
@@ -58,6 +61,68 @@ std::string describe_status(int status) {
   return "stopped";
 }
 
+// Every rank publishes its host name in the store and reads all (blocking, with the store's timeout).
+std::vector<std::string> publish_hosts(c10d::Store& store, const LaunchEnv& env) {
+  const std::string mine = this_hostname();
+  store.set(fmt::format("host/{}", env.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+  std::vector<std::string> hosts(env.world_size);
+  for (int r = 0; r < env.world_size; ++r) {
+    const auto v = store.get(fmt::format("host/{}", r));
+    hosts[r] = std::string(v.begin(), v.end());
+  }
+  return hosts;
+}
+
+// The TCPStore rendezvous and the host exchange, on a helper thread that this one waits for at most
+// `timeout`: a listener that accepts the connection but never answers as a store (another program on
+// MASTER_PORT) would otherwise block the rank forever. The helper touches only state it shares, so
+// it may outlive the error (the process then exits).
+std::pair<c10::intrusive_ptr<c10d::Store>, std::vector<std::string>> tcp_rendezvous(const LaunchEnv& env,
+                                                                                    c10d::TCPStoreOptions opts,
+                                                                                    std::chrono::milliseconds timeout) {
+  struct Shared {
+    std::mutex m;
+    std::condition_variable cv;
+    bool done = false;
+    std::string error;
+    c10::intrusive_ptr<c10d::Store> store;
+    std::vector<std::string> hosts;
+  };
+  auto shared = std::make_shared<Shared>();
+  std::thread([shared, env, opts] {
+    std::string error;
+    c10::intrusive_ptr<c10d::Store> store;
+    std::vector<std::string> hosts;
+    try {
+      store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
+      hosts = publish_hosts(*store, env);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    std::lock_guard<std::mutex> lock(shared->m);
+    shared->error = error;
+    shared->store = store;
+    shared->hosts = hosts;
+    shared->done = true;
+    shared->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(shared->m);
+  const bool ended = shared->cv.wait_for(lock, timeout + std::chrono::seconds(2), [&] { return shared->done; });
+  const std::string where = fmt::format("rank {}: rendezvous at {}:{} ({} ranks expected, {} launcher)", env.rank,
+                                        env.master_addr, env.master_port, env.world_size, env.source);
+  if (!ended) {
+    throw CommError(fmt::format(
+        "{}: no answer from a store within {} ms: the connection was accepted but nothing answered as a c10d "
+        "store, so another program may be listening on port {} of {}. Fix: pick a free MASTER_PORT (or unset it "
+        "under --nproc), and check that MASTER_ADDR is rank 0's host",
+        where, timeout.count(), env.master_port, env.master_addr));
+  }
+  if (!shared->error.empty()) {
+    throw CommError(fmt::format("{} failed within {} ms: {}", where, timeout.count(), shared->error));
+  }
+  return {shared->store, shared->hosts};
+}
+
 }  // namespace
 
 std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int ranks_per_node, const LaunchEnv& env,
@@ -74,21 +139,13 @@ std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int rank
   opts.waitWorkers = true;
   opts.timeout = timeout;
   d->store = store;
-  if (!d->store && env.world_size > 1) try {
-    d->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, opts);
-  } catch (const std::exception& e) {
-    throw CommError(fmt::format("rank {}: rendezvous at {}:{} ({} ranks expected, {} launcher) failed within {} ms: {}",
-                                env.rank, env.master_addr, env.master_port, env.world_size, env.source,
-                                timeout.count(), e.what()));
-  }
   d->hosts.assign(env.world_size, this_hostname());
-  if (d->store) {  // everyone publishes its host name; every rank reads all (blocking, with timeout)
-    const std::string mine = this_hostname();
-    d->store->set(fmt::format("host/{}", env.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
-    for (int r = 0; r < env.world_size; ++r) {
-      const auto v = d->store->get(fmt::format("host/{}", r));
-      d->hosts[r] = std::string(v.begin(), v.end());
-    }
+  if (!d->store && env.world_size > 1) {
+    auto rendezvous = tcp_rendezvous(env, opts, timeout);
+    d->store = rendezvous.first;
+    d->hosts = rendezvous.second;
+  } else if (d->store) {
+    d->hosts = publish_hosts(*d->store, env);
   }
   std::vector<int> all(env.world_size);
   for (int i = 0; i < env.world_size; ++i) all[i] = i;
@@ -129,18 +186,43 @@ int free_local_port() {
   return port;
 }
 
+namespace {
+
+volatile sig_atomic_t g_launcher_signal = 0;  // SIGTERM/SIGUSR1 to forward to the ranks, or 0
+
+extern "C" void record_launcher_signal(int signal) { g_launcher_signal = signal; }
+
+// This process's environment without the variables the launcher sets for its ranks (an exported
+// MASTER_PORT must not win over the port the launcher picked: getenv takes the first entry).
+std::vector<std::string> rank_environment(const std::vector<std::pair<std::string, std::string>>& set) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    const std::string kv = *e;
+    bool replaced = false;
+    for (const auto& [k, v] : set) replaced = replaced || kv.rfind(k + "=", 0) == 0;
+    if (!replaced) env.push_back(kv);
+  }
+  for (const auto& [k, v] : set) env.push_back(k + "=" + v);
+  return env;
+}
+
+}  // namespace
+
 int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::milliseconds grace) {
   const int port = free_local_port();
+  // Forward a batch system's stop signals to the ranks (stop_signal.h) instead of dying of them.
+  struct sigaction sa {};
+  sa.sa_handler = record_launcher_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGUSR1, &sa, nullptr);
   std::map<pid_t, int> rank_of;
   for (int r = 0; r < nproc; ++r) {
-    std::vector<std::string> env_s;
-    for (char** e = environ; *e; ++e) env_s.emplace_back(*e);
-    for (auto [k, v] : std::vector<std::pair<std::string, std::string>>{
-             {"OPTCC_RANK", std::to_string(r)}, {"OPTCC_WORLD_SIZE", std::to_string(nproc)},
-             {"OPTCC_LOCAL_RANK", std::to_string(r)}, {"OPTCC_LOCAL_WORLD_SIZE", std::to_string(nproc)},
-             {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)}}) {
-      env_s.push_back(k + "=" + v);
-    }
+    std::vector<std::string> env_s = rank_environment(
+        {{"OPTCC_RANK", std::to_string(r)}, {"OPTCC_WORLD_SIZE", std::to_string(nproc)},
+         {"OPTCC_LOCAL_RANK", std::to_string(r)}, {"OPTCC_LOCAL_WORLD_SIZE", std::to_string(nproc)},
+         {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(port)},
+         {"OPTCC_LAUNCHER_PID", std::to_string(getpid())}});  // die_with_launcher (stop_signal.h)
     std::vector<std::string> args = argv;  // argv[0] kept as typed (shown in logs and results)
     std::vector<char*> cargv, cenv;
     for (auto& a : args) cargv.push_back(a.data());
@@ -149,27 +231,38 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
     cenv.push_back(nullptr);
     pid_t pid = 0;
     if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, cargv.data(), cenv.data()) != 0) {
+      for (auto& [p, _] : rank_of) kill(p, SIGKILL);
       throw std::runtime_error(fmt::format("launch: cannot start rank {}", r));
     }
     rank_of[pid] = r;
   }
-  spdlog::info("launched {} local ranks (rendezvous 127.0.0.1:{})", nproc, port);
+  spdlog::info("launched {} local ranks (rendezvous 127.0.0.1:{}, a free port this launcher picked)", nproc, port);
   int result = 0;
-  bool terminating = false;
+  bool terminating = false, stopped = false;
   auto deadline = std::chrono::steady_clock::time_point::max();
   while (!rank_of.empty()) {
+    if (const int sig = g_launcher_signal; sig != 0) {
+      g_launcher_signal = 0;
+      spdlog::warn("launcher: {} received; forwarded to the {} ranks (they stop after the current step, write a "
+                   "checkpoint and exit {})", strsignal(sig), rank_of.size(), kStoppedExitCode);
+      for (auto& [p, _] : rank_of) kill(p, sig);
+    }
     int status = 0;
-    const pid_t pid = waitpid(-1, &status, terminating ? WNOHANG : 0);
+    const pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
       const int r = rank_of[pid];
       rank_of.erase(pid);
-      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      const bool stop = WIFEXITED(status) && WEXITSTATUS(status) == kStoppedExitCode;
+      stopped = stopped || stop;
+      const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !stop;
       if (failed && !terminating) {
         spdlog::error("rank {} {}; stopping the other {} ranks", r, describe_status(status), rank_of.size());
         result = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         terminating = true;
         deadline = std::chrono::steady_clock::now() + grace;
-        for (auto& [p, _] : rank_of) kill(p, SIGTERM);
+        // SIGINT, not SIGTERM: a training rank would take SIGTERM as "checkpoint and stop" and wait
+        // for the dead rank in that step's collectives.
+        for (auto& [p, _] : rank_of) kill(p, SIGINT);
       }
       continue;
     }
@@ -179,7 +272,7 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  return result;
+  return result != 0 ? result : (stopped ? kStoppedExitCode : 0);
 }
 
 }  // namespace optcc

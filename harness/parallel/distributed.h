@@ -48,10 +48,15 @@ std::string rank_table(const Distributed& d);
 
 /// Forks + execs this binary (/proc/self/exe) with `argv` (argv[0] as the user typed it) `nproc`
 /// times with OPTCC_RANK / OPTCC_WORLD_SIZE / OPTCC_LOCAL_RANK / OPTCC_LOCAL_WORLD_SIZE /
-/// MASTER_ADDR=127.0.0.1 / MASTER_PORT (a free port) set, and waits. When a rank exits non-zero or
-/// by a signal, the others get SIGTERM, then SIGKILL after `grace`; the message names the rank and
-/// its status. Returns 0 when all ranks succeed, else the first failing rank's exit code (or
-/// 128 + signal).
+/// MASTER_ADDR=127.0.0.1 / MASTER_PORT (a free port this launcher picked and logs; an exported
+/// MASTER_PORT or MASTER_ADDR is replaced, never obeyed) / OPTCC_LAUNCHER_PID set, and waits.
+/// Each rank calls die_with_launcher() (stop_signal.h): a launcher killed even by SIGKILL takes
+/// its ranks with it. SIGTERM and SIGUSR1 sent to the launcher are forwarded to every rank (a
+/// training rank then checkpoints and exits kStoppedExitCode) and the launcher keeps waiting.
+/// When a rank exits non-zero (other than kStoppedExitCode) or by a signal, the others get SIGINT,
+/// then SIGKILL after `grace`; the message names the rank and its status. Returns 0 when all ranks
+/// succeed, else the first failing rank's exit code (or 128 + signal), else kStoppedExitCode when
+/// the ranks stopped on a forwarded signal.
 int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::milliseconds grace);
 
 /// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read, close).

@@ -3,7 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <fcntl.h>
 #include <openssl/evp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -11,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 #include <vector>
 
 
@@ -54,9 +57,56 @@ void write_text_atomically(const fs::path& path, const std::string& text) {
   {
     std::ofstream out(tmp);
     out << text;
-    if (!out) throw std::runtime_error(fmt::format("checkpoint: cannot write {}", tmp.string()));
+    out.flush();
+    if (!out) {
+      const int e = errno;
+      std::error_code ec;
+      fs::remove(tmp, ec);
+      throw std::runtime_error(fmt::format("checkpoint: cannot write {}: {}", tmp.string(), std::strerror(e)));
+    }
   }
   fs::rename(tmp, path);
+}
+
+// Writes `ar` to `path` through write(2), then fsync and close. Throws std::runtime_error naming the
+// path and the OS error (a full disk, a file-size limit, a quota) and removes what it wrote. The
+// bytes go through our own writer because LibTorch's file writer, failing, aborts the process from
+// its destructor; ours never reports an error to LibTorch (it keeps the first and skips the rest).
+void write_archive(torch::serialize::OutputArchive& ar, const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    throw std::runtime_error(fmt::format("checkpoint: cannot create {}: {}", path, std::strerror(errno)));
+  }
+  int error = 0;
+  const auto writer = [&](const void* data, size_t n) -> size_t {
+    const char* p = static_cast<const char*>(data);
+    size_t left = n;
+    while (error == 0 && left > 0) {
+      const ssize_t w = ::write(fd, p, left);
+      if (w < 0) {
+        if (errno != EINTR) error = errno;
+        continue;
+      }
+      p += w;
+      left -= static_cast<size_t>(w);
+    }
+    return n;
+  };
+  std::string failure;
+  try {
+    ar.save_to(writer);
+  } catch (const c10::Error& e) {
+    failure = e.what_without_backtrace();
+  }
+  if (error == 0 && failure.empty() && ::fsync(fd) != 0) error = errno;
+  if (::close(fd) != 0 && error == 0) error = errno;
+  if (error == 0 && failure.empty()) return;
+  ::unlink(path.c_str());
+  throw std::runtime_error(fmt::format(
+      "checkpoint: cannot write {}: {}. Nothing of this checkpoint is used (`latest` is unchanged)."
+      " Fix: free space on that file system (or raise the quota / file-size limit), or set checkpoint.dir to "
+      "another one, then resume with --resume auto",
+      path, error != 0 ? fmt::format("{} (errno {})", std::strerror(error), error) : failure));
 }
 
 // The step of a checkpoint directory name "iter_<digits>", or nullopt for any other name.
@@ -82,7 +132,7 @@ int64_t read_scalar(torch::serialize::InputArchive& ar, const std::string& key) 
 std::string save_checkpoint(const std::string& dir, const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
                             const std::string& config_yaml, int64_t keep,
-                            const std::function<void()>& barrier,
+                            const std::function<bool(bool)>& all_written,
                             const std::map<std::string, at::Generator>& generators,
                             const std::vector<CheckpointPart>& parts) {
   const fs::path ckpt_dir = fs::path(dir) / fmt::format("iter_{:07d}", state.step);
@@ -112,16 +162,31 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
 
   const std::string file = rank_file(ckpt_dir, layout.rank);
   const std::string tmp = file + ".tmp";
+  std::string problem;
   try {
-    ar.save_to(tmp);
-  } catch (const c10::Error& e) {
-    throw std::runtime_error(fmt::format("checkpoint: cannot write {}: {}", tmp, e.what_without_backtrace()));
+    write_archive(ar, tmp);
+    // The checksum first (sha256sum's format), then the file under its name: a file that exists has one.
+    write_text_atomically(checkpoint_checksum_file(file),
+                          sha256_of_file(tmp) + "  " + fs::path(file).filename().string() + "\n");
+    fs::rename(tmp, file);
+  } catch (const std::exception& e) {
+    problem = e.what();
   }
-  // The checksum first (sha256sum's format), then the file under its name: a file that exists has one.
-  write_text_atomically(checkpoint_checksum_file(file),
-                        sha256_of_file(tmp) + "  " + fs::path(file).filename().string() + "\n");
-  fs::rename(tmp, file);
-  barrier();
+  if (!all_written(problem.empty())) {
+    // Some rank could not write its file: nothing of this step's checkpoint stays (`latest` keeps
+    // naming the previous one), and every rank stops.
+    std::error_code ec;
+    for (const auto& f : {tmp, file, checkpoint_checksum_file(file), checkpoint_checksum_file(file) + ".tmp"}) {
+      fs::remove(f, ec);
+    }
+    all_written(true);  // every rank's files are gone: the directory is empty of rank files
+    if (layout.rank == 0) fs::remove_all(ckpt_dir, ec);
+    throw std::runtime_error(problem.empty()
+                                 ? fmt::format("checkpoint: another rank could not write its file of {} (its error "
+                                               "names the file); nothing of this checkpoint is used",
+                                               ckpt_dir.string())
+                                 : problem);
+  }
   if (layout.rank == 0) {
     write_text_atomically(fs::path(dir) / "latest", ckpt_dir.filename().string() + "\n");
     if (keep > 0) prune_checkpoints(dir, state.step, keep);
@@ -212,6 +277,14 @@ std::string newest_intact_older(const fs::path& ckpt_dir, const std::string& ran
     if (checkpoint_checksum_problem(f).empty()) return dir.string();
   }
   return "";
+}
+
+// Up to five names, then how many more.
+std::string describe_tensor_names(const std::vector<std::string>& names) {
+  std::string out;
+  for (size_t i = 0; i < names.size() && i < 5; ++i) out += (i ? ", " : "") + names[i];
+  if (names.size() > 5) out += fmt::format(" and {} more", names.size() - 5);
+  return out;
 }
 
 // The archive of `file`, checked against its checksum and for this build's format.
@@ -357,6 +430,15 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
         file));
   }
   torch::serialize::InputArchive ar = open_checkpoint(file, layout);
+  if (const auto bad = non_finite_tensors(ar); !bad.empty()) {
+    const std::string older = newest_intact_older(ckpt_dir, fs::path(file).filename().string());
+    throw std::runtime_error(fmt::format(
+        "checkpoint: {} (rank {}) holds NaN or infinite values in {} tensor{}: {}. A run resumed from it would skip "
+        "every step. Nothing of it was loaded. Fix: {}",
+        file, layout.rank, bad.size(), bad.size() == 1 ? "" : "s", describe_tensor_names(bad),
+        older.empty() ? "start over without --resume (no older checkpoint of this rank is intact)"
+                      : "resume from an older checkpoint: --resume " + older));
+  }
   torch::NoGradGuard no_grad;
   load_parameters(ar, file, model);
   torch::serialize::InputArchive opt_ar;
@@ -366,6 +448,37 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
   load_generators(ar, file, generators);
   load_parts(ar, file, parts);
   return TrainState{read_scalar(ar, "meta/step"), read_scalar(ar, "meta/consumed_samples")};
+}
+
+std::vector<std::string> non_finite_tensors(torch::serialize::InputArchive& ar, const std::string& prefix) {
+  std::vector<std::string> bad;
+  for (const std::string& key : ar.keys()) {
+    torch::Tensor t;
+    torch::serialize::InputArchive sub;
+    if (ar.try_read(key, t)) {
+      if (t.defined() && t.is_floating_point() && !torch::isfinite(t).all().item<bool>()) bad.push_back(prefix + key);
+    } else if (ar.try_read(key, sub)) {
+      for (auto& name : non_finite_tensors(sub, prefix + key + "/")) bad.push_back(std::move(name));
+    }
+  }
+  return bad;
+}
+
+std::vector<std::string> non_finite_state(torch::optim::Optimizer& optimizer, const std::vector<CheckpointPart>& parts) {
+  torch::serialize::OutputArchive out;
+  torch::serialize::OutputArchive opt_ar;
+  optimizer.save(opt_ar);
+  out.write("optimizer", opt_ar);
+  for (const auto& part : parts) {
+    torch::serialize::OutputArchive sub;
+    part.save(sub);
+    out.write("state/" + part.name, sub);
+  }
+  std::stringstream bytes;
+  out.save_to(bytes);
+  torch::serialize::InputArchive in;
+  in.load_from(bytes, torch::Device(torch::kCPU));
+  return non_finite_tensors(in);
 }
 
 std::optional<torch::Tensor> read_checkpoint_tensor(const std::string& ckpt, int64_t rank, const std::string& name,

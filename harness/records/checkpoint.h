@@ -44,15 +44,20 @@ struct CheckpointLayout {
   int64_t tp = 1, pp = 1, dp = 1, rank = 0;
 };
 
-/// Writes this rank's checkpoint for `state.step` under `dir`, waits in `barrier` (every rank
-/// calls this function; the barrier makes sure all files exist), then rank 0 points `latest` at
-/// it and, when keep > 0, calls prune_checkpoints(dir, state.step, keep) (keep = 0: keep all).
-/// So `latest` always names a complete checkpoint that pruning never removes.
-/// Throws std::runtime_error naming the path on I/O failure. Returns the checkpoint directory.
+/// Writes this rank's checkpoint for `state.step` under `dir` (through write(2) and fsync; a full
+/// disk or a file-size limit is an error naming the file and the OS error, never an abort), then
+/// calls `all_written` with whether its own file is in place; every rank calls this function, and
+/// `all_written` must return whether EVERY rank's file is (the trainer: a world all-reduce). Then
+/// rank 0 points `latest` at it and, when keep > 0, calls prune_checkpoints(dir, state.step, keep)
+/// (keep = 0: keep all). So `latest` always names a complete checkpoint that pruning never removes.
+/// When some rank failed, every rank removes its file of this step, `all_written` is called once
+/// more (with true, as a barrier), rank 0 removes the step's directory, and every rank throws
+/// std::runtime_error (the failing rank's names the file and the OS error). Returns the checkpoint
+/// directory.
 std::string save_checkpoint(const std::string& dir, const TrainState& state, torch::nn::Module& model,
                             torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
                             const std::string& config_yaml, int64_t keep,
-                            const std::function<void()>& barrier = [] {},
+                            const std::function<bool(bool)>& all_written = [](bool ok) { return ok; },
                             const std::map<std::string, at::Generator>& generators = {},
                             const std::vector<CheckpointPart>& parts = {});
 
@@ -88,13 +93,25 @@ std::optional<std::string> find_checkpoint(const std::string& path);
 /// Loads this rank's file from checkpoint directory `ckpt` (an iter_* directory, or a directory
 /// holding `latest`) into model/optimizer, the default CPU generator and `generators` (saved under
 /// the same names, e.g. the model's attention-dropout generator) and every part of `parts` (BR-03).
-/// Throws std::runtime_error naming the file and the mismatch (layout, missing tensor, shape, a
+/// Throws std::runtime_error naming the file and the mismatch (NaN/inf anywhere in it, see
+/// non_finite_tensors; layout, missing tensor, shape, a
 /// part missing or saved by a different compressor, or a part whose load() throws
 /// std::invalid_argument, e.g. state kept for other tensors: the part, its reason and the fix).
 TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
                            torch::optim::Optimizer& optimizer, const CheckpointLayout& layout,
                            const std::map<std::string, at::Generator>& generators = {},
                            const std::vector<CheckpointPart>& parts = {});
+
+/// The keys ("optimizer/...", "state/<part>/...", "model/...") of the floating-point tensors under
+/// `ar` that hold a NaN or an infinity, depth first. load_checkpoint refuses a file with any:
+/// naming them, the rank and the newest older intact checkpoint (a non-finite error-feedback or LEP
+/// buffer turns every later step into a skipped one).
+std::vector<std::string> non_finite_tensors(torch::serialize::InputArchive& ar, const std::string& prefix = "");
+
+/// non_finite_tensors of the live optimizer state and compressor parts, as a checkpoint would save
+/// them ("optimizer/...", "state/<part>/..."). The trainer calls it at the first of a run of
+/// skipped steps. Costs a serialization of that state (no file).
+std::vector<std::string> non_finite_state(torch::optim::Optimizer& optimizer, const std::vector<CheckpointPart>& parts);
 
 /// One tensor `key` of the part `name` in this rank's file of checkpoint `ckpt` (as for
 /// load_checkpoint), without loading anything else; nullopt when the file has no such part/key.

@@ -108,6 +108,7 @@ class ResultsFileExists : public std::runtime_error {
 class Hdf5MetricsSink final : public MetricsSink {
  public:
   static constexpr std::size_t kChunkRows = 1024;  // rows per HDF5 chunk (8 KiB per column)
+  static constexpr std::size_t kReserveSlackBytes = 64 * 1024;  // metadata a flush may add besides chunks
 
   // Creates `path`, which must not exist, writes `root_attributes` as UTF-8 string attributes of "/",
   // creates every table's group and empty datasets with their units, and closes the file. Never
@@ -125,8 +126,14 @@ class Hdf5MetricsSink final : public MetricsSink {
   // O(columns), in memory only.
   void append(const std::string& group, const std::vector<Cell>& row) override;
   // Opens the file (SWMR-write), appends all buffered rows to their datasets, closes it. No-op when
-  // nothing is buffered. On failure throws std::runtime_error and keeps the rows buffered; a later
-  // flush rewrites them at the same positions (rows are placed by the in-memory row count).
+  // nothing is buffered. First it reserves the bytes the flush can add (posix_fallocate: a generous
+  // bound from the new rows and chunks), so a full disk, a quota or a file-size limit fails HERE,
+  // before HDF5 writes anything: std::runtime_error naming the file and the OS error, and the file
+  // keeps every row flushed before, readable (an HDF5 write that fails half-way would leave a
+  // superblock that points past the file's end, and the whole file unreadable). A flush that fails
+  // before HDF5 opens the file (no space, the file moved away) keeps the rows buffered, and a later
+  // flush writes them at the same positions; after a failure inside HDF5 the sink writes nothing
+  // more: later flush() calls (and the destructor) rethrow that error, and the buffered rows are lost.
   void flush() override;
 
   const std::string& path() const { return path_; }
@@ -143,8 +150,11 @@ class Hdf5MetricsSink final : public MetricsSink {
   void create_file(const std::map<std::string, std::string>& root_attributes);
   void write_new_file(const std::map<std::string, std::string>& root_attributes, bool& created);
   void write_table(H5::H5File& file, Table& table);
+  std::size_t bytes_to_reserve() const;
+  void reserve_space(std::size_t bytes);
 
   std::string path_;
+  std::string failed_;  // set by a failed flush: no later write touches the file (see flush())
   std::vector<Table> tables_;                            // in TableSpec order
   std::unordered_map<std::string, std::size_t> index_;  // group -> position in tables_
 };

@@ -4,6 +4,12 @@
 #include <H5Cpp.h>
 #include <fmt/core.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <stdexcept>
 #include <unordered_set>
@@ -169,6 +175,7 @@ void Hdf5MetricsSink::write_new_file(const std::map<std::string, std::string>& r
 }
 
 Hdf5MetricsSink::~Hdf5MetricsSink() {
+  if (!failed_.empty()) return;  // the error was reported; the file keeps its earlier rows
   try {
     flush();
   } catch (const std::exception& e) {
@@ -209,20 +216,66 @@ void Hdf5MetricsSink::append(const std::string& group, const std::vector<Cell>& 
   ++t.rows_buffered;
 }
 
+// An upper bound of what one flush adds to the file: every chunk the new rows start (a chunk is
+// allocated whole when first written; the partly filled last one is rewritten in place), an index
+// share per column, and slack for object headers and free-space bookkeeping.
+std::size_t Hdf5MetricsSink::bytes_to_reserve() const {
+  std::size_t bytes = kReserveSlackBytes;
+  for (const Table& t : tables_) {
+    if (t.rows_buffered == 0) continue;
+    const std::size_t chunks_before = (t.rows_written + kChunkRows - 1) / kChunkRows;
+    const std::size_t chunks_after = (t.rows_written + t.rows_buffered + kChunkRows - 1) / kChunkRows;
+    bytes += t.spec.columns.size() * ((chunks_after - chunks_before) * kChunkRows * 8 + 2048);
+  }
+  return bytes;
+}
+
+// Allocates `bytes` past the file's end, then gives them back, before HDF5 writes: exact for a
+// file-size limit or a quota; for a full disk only another writer filling it in that moment slips
+// through. Throws naming the file and the OS error.
+void Hdf5MetricsSink::reserve_space(std::size_t bytes) {
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    throw std::runtime_error(fmt::format("metrics: cannot append rows to results file '{}': cannot open it: {}; check "
+                                         "that the file was not moved or deleted during the run",
+                                         path_, std::strerror(errno)));
+  }
+  struct stat st {};
+  int error = ::fstat(fd, &st) != 0 ? errno : 0;
+  if (error == 0) error = ::posix_fallocate(fd, st.st_size, static_cast<off_t>(bytes));
+  if (error == 0 && ::ftruncate(fd, st.st_size) != 0) error = errno;
+  ::close(fd);
+  if (error == 0) return;
+  std::size_t rows = 0;
+  for (const Table& t : tables_) rows = std::max(rows, t.rows_written);
+  throw std::runtime_error(fmt::format(
+      "metrics: cannot append rows to results file '{}': {} (errno {}) while reserving {} bytes: the disk is full or "
+      "a quota or file-size limit is reached. The file keeps every row written before (up to {} per table) and "
+      "stays readable. Fix: free space there (or point log.dir elsewhere), then resume the run with --resume auto",
+      path_, std::strerror(error), error, bytes, rows));
+}
+
 void Hdf5MetricsSink::flush() {
+  if (!failed_.empty()) throw std::runtime_error(failed_);
   bool pending = false;
   for (const Table& t : tables_) pending = pending || t.rows_buffered > 0;
   if (!pending) return;
-  with_hdf5(fmt::format("cannot append rows to results file '{}'", path_),
-            "check free disk space and that the file was not moved or deleted during the run", [&] {
-    H5::H5File file(path_, H5F_ACC_RDWR | H5F_ACC_SWMR_WRITE, H5::FileCreatPropList::DEFAULT,
-                    writer_access());
-    for (Table& t : tables_)
-      if (t.rows_buffered > 0) write_table(file, t);
-    file.flush(H5F_SCOPE_GLOBAL);
-    file.close();  // clears the superblock's "open for write" mark: a plain open works until next flush
-  });
-  for (Table& t : tables_) {  // only now: a failed flush is retried at the same row positions
+  reserve_space(bytes_to_reserve());  // fails before the file is touched: the rows stay buffered for a retry
+  try {
+    with_hdf5(fmt::format("cannot append rows to results file '{}'", path_),
+              "check free disk space and that the file was not moved or deleted during the run", [&] {
+      H5::H5File file(path_, H5F_ACC_RDWR | H5F_ACC_SWMR_WRITE, H5::FileCreatPropList::DEFAULT,
+                      writer_access());
+      for (Table& t : tables_)
+        if (t.rows_buffered > 0) write_table(file, t);
+      file.flush(H5F_SCOPE_GLOBAL);
+      file.close();  // clears the superblock's "open for write" mark: a plain open works until next flush
+    });
+  } catch (const std::runtime_error& e) {
+    failed_ = e.what();
+    throw;
+  }
+  for (Table& t : tables_) {
     t.rows_written += t.rows_buffered;
     t.rows_buffered = 0;
     for (auto& v : t.ints) v.clear();

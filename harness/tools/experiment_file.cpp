@@ -23,7 +23,8 @@ const std::vector<std::string> kTrainScaleKeys = {"base", "set", "slurm", "grid"
 const std::vector<std::string> kBenchScaleKeys = {"program", "args", "slurm", "grid"};
 const std::vector<std::string> kSlurmKeys = {"nodes", "tasks_per_node", "gpus_per_node", "cpus_per_task", "time"};
 // Optional `slurm:` keys (a scale that asks for GPUs needs them: read_gpu_rules).
-const std::vector<std::string> kSlurmOptionalKeys = {"array_limit", "mem", "exclusive", "gpus_per_task"};
+const std::vector<std::string> kSlurmOptionalKeys = {"array_limit", "mem", "exclusive", "gpus_per_task",
+                                                     "stop_signal_seconds"};
 const std::vector<std::string> kVariantAxisKeys = {"name", "variants"};
 const std::vector<std::string> kValuesAxisKeys = {"name", "key", "values", "label"};
 // Set by the sweep for every run (sweep.h); a file that set them would be silently overridden.
@@ -177,6 +178,13 @@ void read_header(const Reader& r, Experiment& e) {
 void read_slurm_options(const Reader& r, const YAML::Node& n, const std::string& where, SlurmResources& s) {
   if (n["array_limit"]) s.array_limit = r.integer_at(n["array_limit"], where + ".array_limit", 1);
   if (n["gpus_per_task"]) s.gpus_per_task = r.integer_at(n["gpus_per_task"], where + ".gpus_per_task", 0);
+  if (n["stop_signal_seconds"]) {
+    s.stop_signal_seconds = r.integer_at(n["stop_signal_seconds"], where + ".stop_signal_seconds", 0);
+    if (s.stop_signal_seconds > 65535) {  // sbatch --signal's limit
+      r.fail(where + ".stop_signal_seconds", text_of(n["stop_signal_seconds"]), "must be at most 65535 (sbatch "
+             "--signal's limit)", "e.g. stop_signal_seconds: 600 (0 = no signal before the time limit)");
+    }
+  }
   if (n["exclusive"]) {
     std::string why;
     if (!read_scalar(n["exclusive"], s.exclusive, why)) {

@@ -43,6 +43,9 @@ struct SlurmResources {
                                // ("0" = all of each node's memory); "" = not set
   bool exclusive = false;      // `exclusive`: whole nodes (sbatch --exclusive)
   int64_t gpus_per_task = 0;   // `gpus_per_task`: >= 0, GPUs bound to each task (sbatch --gpus-per-task)
+  int64_t stop_signal_seconds = 300;  // `stop_signal_seconds`: SIGUSR1 this long before the time limit
+                                      // (sbatch --signal=B:USR1@N): the run checkpoints, exits 75 and the
+                                      // task requeues itself; 0 = none; at most 65535
 
   /// True when the block asks for GPUs (gpus_per_node > 0 or gpus_per_task > 0).
   bool needs_gpus() const { return gpus_per_node > 0 || gpus_per_task > 0; }

@@ -3,7 +3,12 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <array>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -17,6 +22,8 @@
 #include "compression/act_codec.h"
 #include "compression/grad_reducer.h"
 #include "harness/records/checkpoint.h"
+#include "harness/records/run_lock.h"
+#include "harness/parallel/stop_signal.h"
 #include "harness/parallel/allocator.h"
 #include "harness/train/data_loader.h"
 #include "harness/parallel/distributed.h"
@@ -185,6 +192,7 @@ struct Trainer::StepResult {
   double seconds = 0.0;  // the step, before its records
   double loss_scale = 1.0;  // the scale the step ran with (fp16; 1 otherwise)
   bool skipped = false;     // inf/NaN gradients on some rank: nothing was updated (loss_scaler.h)
+  int stop_signal = 0;      // SIGTERM/SIGUSR1 reached some rank: the run stops after this step
 };
 
 Trainer::Trainer(Config cfg, const TrainOptions& options, Distributed& d)
@@ -194,7 +202,8 @@ Trainer::Trainer(Config cfg, const TrainOptions& options, Distributed& d)
       memory_guard_(MemoryTracker::install(memory_)),  // before the model exists
       cfg_(validated(std::move(cfg), d)) {
   set_up();
-  build_model_and_optimizer();
+  build_model_and_optimizer();  // the data is opened and checked against the model here
+  claim_directories();
   build_pipeline();
   build_gradient_sync();
   build_checkpoint_parts();
@@ -206,9 +215,97 @@ Trainer::Trainer(Config cfg, const TrainOptions& options, Distributed& d)
 
 Trainer::~Trainer() = default;
 
+// `fn` on every rank, then a world agreement: when it threw on some rank, every rank throws (that
+// rank its own exception, the others one naming it), so no rank waits for a failed one in a later
+// collective. Every rank must call this at the same point.
+void Trainer::on_every_rank(const std::string& what, const std::function<void()>& fn) {
+  const TrafficMeter before = d_.meter;  // bookkeeping, not the step's traffic (/traffic)
+  std::exception_ptr failure;
+  try {
+    fn();
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  auto failed = torch::zeros({d_.env.world_size}, torch::kDouble);
+  if (failure) failed[d_.rank()] = 1.0;
+  d_.world->all_reduce(failed, Traffic::kControl);
+  d_.meter = before;
+  if (failure) std::rethrow_exception(failure);
+  std::vector<int> ranks;
+  for (int r = 0; r < d_.env.world_size; ++r) {
+    if (failed[r].item<double>() > 0) ranks.push_back(r);
+  }
+  if (!ranks.empty()) {
+    throw std::runtime_error(fmt::format("{} failed on rank {} (its error names the cause); every rank stops", what,
+                                         fmt::join(ranks, ", ")));
+  }
+}
+
+// After the config and the data passed their checks (a refused config leaves no directory): every
+// rank can write where it must, this run holds the locks, and only then is checkpoint.dir read for
+// the resume point (a concurrent run may be writing there).
+void Trainer::claim_directories() {
+  check_writable_dirs();
+  take_run_locks();
+  resume_from_ = resume_point(cfg_, options_);
+}
+
+// One run per checkpoint.dir and per results name, for the run's life (run_lock.h); global rank 0
+// holds both. A stale lock of a dead run is taken over with a warning.
+void Trainer::take_run_locks() {
+  on_every_rank("taking the run's locks", [&] {
+    if (!writer_) return;
+    fs::create_directories(cfg_.checkpoint_dir());
+    fs::create_directories(cfg_.log.dir);
+    const std::vector<std::pair<std::string, std::string>> locks = {
+        {(fs::path(cfg_.checkpoint_dir()) / "optcc.lock").string(), "checkpoint.dir " + cfg_.checkpoint_dir()},
+        {(fs::path(cfg_.log.dir) / (cfg_.run_name() + ".lock")).string(),
+         fmt::format("run name '{}' in log.dir {}", cfg_.run_name(), cfg_.log.dir)}};
+    for (const auto& [path, what] : locks) {
+      locks_.push_back(std::make_unique<RunLock>(path, what, cfg_.run_name()));
+      if (!locks_.back()->stale_holder().empty()) {
+        spdlog::warn("{}: took over the lock of a run that is no longer running ({})", what,
+                     locks_.back()->stale_holder());
+      }
+    }
+  });
+}
+
+// Every rank writes its checkpoint files into checkpoint.dir (on a node-local or a shared file
+// system), global rank 0 the results into log.dir: each checks now, before step 0, that it can
+// create a file there.
+void Trainer::check_writable_dirs() {
+  on_every_rank("checking checkpoint.dir and log.dir", [&] {
+    std::vector<std::pair<std::string, std::string>> dirs = {{"checkpoint.dir", cfg_.checkpoint_dir()}};
+    if (writer_) dirs.emplace_back("log.dir", cfg_.log.dir);
+    for (const auto& [key, dir] : dirs) {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      const std::string probe = (fs::path(dir) / fmt::format(".write-test-rank{}-{}", d_.rank(), getpid())).string();
+      std::FILE* f = ec ? nullptr : std::fopen(probe.c_str(), "w");
+      const int e = ec ? ec.value() : errno;
+      if (f != nullptr) std::fclose(f);
+      fs::remove(probe, ec);
+      if (f == nullptr) {
+        throw std::runtime_error(fmt::format(
+            "{} {}: rank {} cannot create a file there: {}. Fix: make it writable, or set {} to a directory this "
+            "job can write",
+            key, dir, d_.rank(), std::strerror(e), key));
+      }
+    }
+  });
+}
+
+// Buffered rows into the results file (global rank 0), agreed by every rank: a failed write (a full
+// disk) stops the run everywhere with the file and the OS error; rows flushed before stay readable.
+void Trainer::flush_results() {
+  on_every_rank("writing the results file", [&] {
+    if (sink_) sink_->flush();
+  });
+}
+
 // Resume point, log level, threads, the seed (before the model draws its initial weights).
 void Trainer::set_up() {
-  resume_from_ = resume_point(cfg_, options_);
   writer_ = d_.rank() == 0;
   quiet_ = options_.quiet || !writer_;
   spdlog::set_level(spdlog::level::from_str(cfg_.log.level));
@@ -376,10 +473,11 @@ void Trainer::build_records() {
                                             cfg_.parallel.dp, state_.consumed_samples, d_.placement.device);
   }
   summary_.first_step = state_.step;
-  if (writer_) {
+  on_every_rank("creating the results file", [&] {
+    if (!writer_) return;
     sink_ = create_results(cfg_, state_.step, result_attributes(), quiet_);
     summary_.results_path = sink_->path();
-  }
+  });
   tokens_per_step_ = cfg_.train.global_batch_size * cfg_.model.seq_len;
 }
 
@@ -470,6 +568,10 @@ TrainSummary Trainer::run() {
     auto recording = std::make_unique<Timeline::StepGuard>(timeline_.get(), state_.step + 1);  // selected steps only
     const StepResult r = step();
     log_progress(r);
+    if (r.stop_signal != 0) {  // agreed by every rank in this step's flag all-reduce
+      stop_on_signal(r.stop_signal);
+      return summary_;
+    }
     if (cfg_.train.eval_interval > 0 && state_.step % cfg_.train.eval_interval == 0 &&
         state_.step != cfg_.train.train_steps) {
       evaluate(state_.step);
@@ -484,7 +586,7 @@ TrainSummary Trainer::run() {
     }
   }
   evaluate(state_.step);
-  if (sink_) sink_->flush();
+  flush_results();
   summary_.last_step = state_.step;
   if (options_.keep_parameters) {
     for (const auto& p : model_->named_parameters()) summary_.parameters[p.key()] = p.value().detach().clone();
@@ -492,11 +594,24 @@ TrainSummary Trainer::run() {
   return summary_;
 }
 
+// SIGTERM / SIGUSR1 (stop_signal.h): the step is complete on every rank; checkpoint it, flush the
+// results and return (train_command exits kStoppedExitCode). No evaluation: the time is the
+// batch system's.
+void Trainer::stop_on_signal(int signal) {
+  save();
+  flush_results();
+  summary_.last_step = state_.step;
+  summary_.stopped_by_signal = signal;
+  if (writer_) spdlog::warn("stopping on {} at step {}; checkpoint -> {} (exit {}; continue with --resume auto)",
+               signal_name(signal), state_.step, summary_.last_checkpoint, kStoppedExitCode);
+}
+
 // One iteration (spec §1.2): pipeline schedule -> gradient sync -> clip -> optimizer -> records.
 Trainer::StepResult Trainer::step() {
   auto step_event = std::make_unique<TimelineScope>(EventKind::kStep, Stream::kStep);
   const auto t0 = Clock::now();
   StepResult r;
+  if (options_.on_step_state) options_.on_step_state(state_.step + 1, d_.rank(), checkpoint_parts_);
   r.lr = lr_.at(state_.step);
   set_lr(*optimizer_, r.lr);
   optimizer_->zero_grad();
@@ -539,11 +654,15 @@ Trainer::StepResult Trainer::step() {
 void Trainer::update(StepResult& r) {
   const auto grads = ensure_grads(params_);
   if (options_.on_local_gradients) options_.on_local_gradients(state_.step + 1, d_.rank(), grads);
-  auto flag = torch::tensor({has_local_overflow(grads, grad_sync_->wire_overflow_limit()) ? 1.0 : 0.0}, torch::kDouble);
-  d_.world->all_reduce(flag, Traffic::kControl, /*max=*/true);
-  r.skipped = flag.item<double>() > 0;
-  scaler_->update(r.skipped);
+  // One max all-reduce carries both flags: a local overflow, and a stop signal (stop_signal.h).
+  auto flags = torch::tensor({has_local_overflow(grads, grad_sync_->wire_overflow_limit()) ? 1.0 : 0.0,
+                              static_cast<double>(stop_signal_received())},
+                             torch::kDouble);
+  d_.world->all_reduce(flags, Traffic::kControl, /*max=*/true);
+  r.skipped = flags[0].item<double>() > 0;
+  r.stop_signal = static_cast<int>(flags[1].item<double>());
   if (r.skipped) {
+    scaler_->update(/*overflow=*/true);
     skip_step(r, grads);
     return;
   }
@@ -558,15 +677,20 @@ void Trainer::update(StepResult& r) {
   }
   r.grad_norm = global_grad_norm(model_, d_.model_parallel.get(), coord_.tp, stages_);
   if (std::isfinite(r.grad_norm)) {
+    scaler_->update(/*overflow=*/false);
     TimelineScope optimizer_event(EventKind::kOptimizer, Stream::kCompute);
     clip_grads_to(params_, r.grad_norm, cfg_.train.clip_grad);
     optimizer_->step();
   } else {
-    summary_.skipped_steps += 1;
+    // Finite local gradients, a non-finite result: the reduction or the compressor's own state
+    // (an error-feedback or LEP buffer) made it. Skipped like an overflow, and counted.
+    scaler_->update(/*overflow=*/true);
+    r.skipped = true;
     if (!quiet_) {
-      spdlog::warn("step {}: non-finite gradients (norm {}); optimizer step skipped on every rank", state_.step + 1,
-                   r.grad_norm);
+      spdlog::warn("step {}: non-finite gradients after the gradient sync (norm {}); optimizer step skipped on every "
+                   "rank", state_.step + 1, r.grad_norm);
     }
+    count_skipped_step(r);
   }
   state_.step += 1;
   state_.consumed_samples += cfg_.train.global_batch_size;
@@ -574,30 +698,56 @@ void Trainer::update(StepResult& r) {
 
 // An overflow agreed by the world (loss_scaler.h step 3): the pipeline codec is put back as it was
 // before the step, the gradients are dropped, nothing is updated; the step and the data position
-// advance. Too many skips in a row end the run with the scale and the fix.
+// advance.
 void Trainer::skip_step(StepResult& r, const std::vector<torch::Tensor>& grads) {
   if (codec_before_step_) codec_->restore(std::move(*codec_before_step_));
   codec_before_step_.reset();
   for (const auto& g : grads) g.zero_();
   r.grad_norm = std::numeric_limits<double>::quiet_NaN();
-  summary_.skipped_steps += 1;
   if (!quiet_) {
     spdlog::warn("step {}: inf/NaN gradients on some rank (loss scale {}); step skipped on every rank, nothing "
                  "updated{}", state_.step + 1, r.loss_scale,
                  scaler_->enabled() ? fmt::format(", loss scale now {}", scaler_->scale()) : "");
   }
+  count_skipped_step(r);
+  state_.step += 1;
+  state_.consumed_samples += cfg_.train.global_batch_size;  // the batch is consumed (documented)
+}
+
+// Every skipped step, whatever found it: counted (summary, /train's `skipped`); the first of a run
+// of skips checks the compressor and optimizer state for NaN/inf (a poisoned buffer skips every
+// later step); too many skips in a row end the run with the scale and the fix.
+void Trainer::count_skipped_step(StepResult& r) {
+  summary_.skipped_steps += 1;
+  if (scaler_->skipped_in_a_row() == 1) check_state_after_skip();
   const int64_t limit = cfg_.train.max_skipped_steps;
   if (limit > 0 && scaler_->skipped_in_a_row() > limit) {
     throw std::runtime_error(fmt::format(
         "training stopped: {} steps in a row skipped on inf/NaN gradients (step {}, train.precision {}, loss "
         "scale {}). Fix: {}; or raise train.max_skipped_steps (0 = no limit).",
-        scaler_->skipped_in_a_row(), state_.step + 1, cfg_.train.precision, scaler_->scale(),
+        scaler_->skipped_in_a_row(), state_.step + 1, cfg_.train.precision, r.loss_scale,
         scaler_->enabled() ? "the scale is at or near train.loss_scale_min: lower train.lr, raise "
                              "train.warmup_steps, or use train.precision: bf16"
                            : "lower train.lr or raise train.warmup_steps"));
   }
-  state_.step += 1;
-  state_.consumed_samples += cfg_.train.global_batch_size;  // the batch is consumed (documented)
+}
+
+// NaN/inf in this rank's optimizer or compressor state (checkpoint.h: non_finite_state), agreed by
+// the world: found, the run stops, naming the buffers and the ranks; nothing poisoned is saved.
+void Trainer::check_state_after_skip() {
+  on_every_rank("the state check after a skipped step", [&] {
+    const auto bad = non_finite_state(*optimizer_, checkpoint_parts_);
+    if (bad.empty()) return;
+    std::string names;
+    for (size_t i = 0; i < bad.size() && i < 5; ++i) names += (i ? ", " : "") + bad[i];
+    if (bad.size() > 5) names += fmt::format(" and {} more", bad.size() - 5);
+    throw std::runtime_error(fmt::format(
+        "training stopped at step {}: rank {} holds NaN or infinite values in its optimizer or compressor state "
+        "({} tensor{}: {}); every later step would be skipped. Nothing of it was saved. Fix: resume from the last "
+        "checkpoint (--resume auto){}",
+        state_.step + 1, d_.rank(), bad.size(), bad.size() == 1 ? "" : "s", names,
+        summary_.last_checkpoint.empty() ? "" : " or --resume " + summary_.last_checkpoint));
+  });
 }
 
 // Memory components, every rank's traffic and compressor records (a world all-gather), /train.
@@ -621,7 +771,7 @@ void Trainer::record_step(const StepResult& r, double pipeline_seconds, int64_t 
 
 void Trainer::log_progress(const StepResult& r) {
   if (state_.step % cfg_.log.interval != 0 && state_.step != cfg_.train.train_steps) return;
-  if (sink_) sink_->flush();
+  flush_results();
   const double avg = seconds_run_ / static_cast<double>(state_.step - summary_.first_step);
   if (!quiet_) {
     spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f}{} | {:>8.0f} tok/s | "
@@ -642,20 +792,28 @@ void Trainer::evaluate(int64_t step) {
   d_.meter = before;
   const Perplexity ppl = perplexity(loss);  // NaN stays NaN; a capped value is marked
   summary_.eval_losses.push_back(loss);
-  if (sink_) {
-    sink_->append("eval", {step, loss, ppl.value, int64_t{ppl.capped}});
-    sink_->flush();
-  }
+  if (sink_) sink_->append("eval", {step, loss, ppl.value, int64_t{ppl.capped}});
+  flush_results();
   if (!quiet_) spdlog::info("eval  step {:>6} | {}", step, eval_text(loss, ppl));
 }
 
 // This rank's checkpoint of the step just completed; every rank waits in the world barrier.
 void Trainer::save() {
   TimelineScope checkpoint_event(EventKind::kCheckpoint, Stream::kCompute);
-  if (sink_) sink_->flush();
+  const TrafficMeter before = d_.meter;  // the checkpoint's agreement is not the step's traffic
+  flush_results();
+  const auto all_written = [&](bool ok) {  // every rank's file in place? (checkpoint.h)
+    auto flag = torch::tensor({ok ? 0.0 : 1.0}, torch::kDouble);
+    d_.world->all_reduce(flag, Traffic::kControl, /*max=*/true);
+    return flag.item<double>() == 0.0;
+  };
+  if (fs::path(summary_.last_checkpoint) == fs::path(cfg_.checkpoint_dir()) / fmt::format("iter_{:07d}", state_.step)) {
+    return;  // this step's checkpoint is written (a stop signal on a checkpoint step)
+  }
   summary_.last_checkpoint = save_checkpoint(cfg_.checkpoint_dir(), state_, *model_, *optimizer_, layout_, config_yaml_,
-                                             cfg_.checkpoint.keep, [&] { d_.world->barrier(); },
+                                             cfg_.checkpoint.keep, all_written,
                                              {{"attention", model_->attention_generator()}}, checkpoint_parts_);
+  d_.meter = before;
   if (!quiet_) spdlog::info("checkpoint -> {}", summary_.last_checkpoint);
 }
 

@@ -47,6 +47,7 @@ class Hdf5MetricsSink;
 class MemoryTracker;
 class PipelineCodec;
 class PipelineSchedule;
+class RunLock;
 class StageLink;
 class Timeline;
 class DynamicLossScaler;
@@ -75,6 +76,9 @@ struct TrainOptions {
   /// rank and this rank's local fp32 gradients after the pipeline schedule, before the overflow
   /// check (loss_scaler.h); it may write into them (an inf, to see every rank skip).
   std::function<void(int64_t step, int rank, const std::vector<torch::Tensor>& grads)> on_local_gradients;
+  // Tests: called on every rank before step `step` (1-based) runs, with the compressor state a
+  // checkpoint saves (checkpoint.h CheckpointPart: save / load), e.g. to put a NaN into it.
+  std::function<void(int64_t step, int rank, const std::vector<CheckpointPart>& parts)> on_step_state;
 };
 
 struct TrainSummary {
@@ -86,6 +90,7 @@ struct TrainSummary {
   std::string last_checkpoint;       // "" if none written
   int64_t skipped_steps = 0;         // steps skipped on inf/NaN gradients (loss_scaler.h)
   std::vector<double> loss_scales;   // fp16: the loss scale each step ran with (1 otherwise)
+  int stopped_by_signal = 0;         // SIGTERM/SIGUSR1 (stop_signal.h): stopped after last_step, checkpointed; else 0
   std::map<std::string, torch::Tensor> parameters;  // keep_parameters: this rank's, by name
 };
 
@@ -115,6 +120,14 @@ class Trainer {
   struct StepResult;
 
   void set_up();
+  void claim_directories();
+  void take_run_locks();
+  void check_writable_dirs();
+  void on_every_rank(const std::string& what, const std::function<void()>& fn);
+  void flush_results();
+  void count_skipped_step(StepResult& r);
+  void check_state_after_skip();
+  void stop_on_signal(int signal);
   void build_model_and_optimizer();
   void build_pipeline();
   void build_gradient_sync();
@@ -142,6 +155,7 @@ class Trainer {
   Config cfg_;                                         // vocabulary resolved, validated
   std::optional<std::string> resume_from_;             // the checkpoint to resume from, if any
   bool writer_ = false, quiet_ = true;
+  std::vector<std::unique_ptr<RunLock>> locks_;  // global rank 0: checkpoint.dir and results name (run_lock.h)
   std::string resume_config_changes_;  // "key: saved -> now" lines (resume_check.h); "" when none
   RankCoord coord_;
   int stages_ = 1;

@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "tests/support/process.h"
+#include "tests/support/results_file.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace {
@@ -28,66 +29,17 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+using optcc::testing::child_env;
+using optcc::testing::kill_and_reap;
+using optcc::testing::read_train_steps;
+using optcc::testing::run_to_end;
 using optcc::testing::slurp;
-
-std::vector<int64_t> read_steps(const std::string& file) {
-  H5::H5File f(file, H5F_ACC_RDONLY | H5F_ACC_SWMR_READ);  // SWMR: the writer may have died in a flush
-  auto ds = f.openDataSet("/train/step");
-  hsize_t n = 0;
-  ds.getSpace().getSimpleExtentDims(&n);
-  std::vector<int64_t> v(n);
-  if (n > 0) ds.read(v.data(), H5::PredType::NATIVE_INT64);
-  return v;
-}
-
-// This process's environment without any launcher variables, plus `extra`.
-std::vector<std::string> child_env(const std::vector<std::string>& extra) {
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    const std::string kv = *e;
-    const bool launcher = kv.rfind("SLURM_", 0) == 0 || kv.rfind("OPTCC_", 0) == 0 || kv.rfind("RANK=", 0) == 0 ||
-                          kv.rfind("WORLD_SIZE=", 0) == 0 || kv.rfind("MASTER_", 0) == 0;
-    if (!launcher) env.push_back(kv);
-  }
-  env.insert(env.end(), extra.begin(), extra.end());
-  return env;
-}
+using optcc::testing::wait_for;
 
 pid_t spawn(std::vector<std::string> args, std::vector<std::string> env, const std::string& log) {
   const pid_t pid = optcc::testing::spawn_logged(std::move(args), log, "", &env);
   EXPECT_GT(pid, 0) << "could not start " << args.at(0);
   return pid;
-}
-
-// Waits until `log` contains `text`; false after 120 s or when the process ended first.
-bool wait_for(pid_t pid, const std::string& log, const std::string& text) {
-  const auto start = Clock::now();
-  while (slurp(log).find(text) == std::string::npos) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid || Clock::now() - start > std::chrono::seconds(120)) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return true;
-}
-
-void kill_and_reap(pid_t pid) {
-  kill(pid, SIGKILL);
-  int status = 0;
-  waitpid(pid, &status, 0);
-}
-
-// The exit code of `pid`, or -1 (after killing it) when it still runs after 60 s.
-int run_to_end(pid_t pid) {
-  const auto start = Clock::now();
-  int status = 0;
-  while (waitpid(pid, &status, WNOHANG) == 0) {
-    if (Clock::now() - start > std::chrono::seconds(60)) {
-      kill_and_reap(pid);
-      return -1;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 TEST(Rerun, KilledRunIsRefusedOrResumedAndKeepsItsResults) {
@@ -107,7 +59,7 @@ TEST(Rerun, KilledRunIsRefusedOrResumedAndKeepsItsResults) {
   ASSERT_TRUE(wait_for(first, log1, "checkpoint -> " + ckpt + "/iter_0000020")) << slurp(log1);
   kill_and_reap(first);
   const std::string bytes = slurp(results);
-  const auto steps = read_steps(results);
+  const auto steps = read_train_steps(results);
   ASSERT_GE(steps.size(), 20u);
   for (size_t i = 0; i < steps.size(); ++i) ASSERT_EQ(steps[i], static_cast<int64_t>(i + 1));
 
@@ -116,6 +68,9 @@ TEST(Rerun, KilledRunIsRefusedOrResumedAndKeepsItsResults) {
   EXPECT_EQ(run_to_end(spawn(command, child_env({}), log2)), 1) << slurp(log2);
   EXPECT_THAT(slurp(log2), ::testing::HasSubstr("checkpoint.dir " + ckpt + " already holds a checkpoint"));
   EXPECT_THAT(slurp(log2), ::testing::HasSubstr("pass --resume auto"));
+  // The killed attempt left its lock files; their holder is dead, so attempt 2 took them over.
+  EXPECT_THAT(slurp(log2), ::testing::HasSubstr("took over the lock of a run that is no longer running (pid " +
+                                                std::to_string(first) + " host "));
   EXPECT_TRUE(slurp(results) == bytes) << results << " changed";
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir / "results")) files.push_back(e.path().filename().string());
@@ -141,7 +96,7 @@ TEST(Rerun, KilledRunIsRefusedOrResumedAndKeepsItsResults) {
   ASSERT_TRUE(wait_for(third, log3, "checkpoint -> " + ckpt + "/iter_" + std::string(7 - next.size(), '0') + next))
       << slurp(log3);
   kill_and_reap(third);
-  const auto resumed_steps = read_steps(dir / ("results/smoke.resumed-" + std::to_string(from) + ".h5"));
+  const auto resumed_steps = read_train_steps(dir / ("results/smoke.resumed-" + std::to_string(from) + ".h5"));
   ASSERT_GE(resumed_steps.size(), 5u);
   EXPECT_EQ(resumed_steps.front(), from + 1);
   EXPECT_TRUE(slurp(results) == bytes) << results << " changed";

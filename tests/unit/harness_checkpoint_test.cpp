@@ -1,15 +1,24 @@
 // Checkpoint pruning with stale directories present (an earlier attempt, a resume from an earlier
 // checkpoint): the checkpoint just written is never removed, `latest` always names a loadable
-// checkpoint, later-step directories of the abandoned timeline go, order is by step.
+// checkpoint, later-step directories of the abandoned timeline go, order is by step. Checksums,
+// NaN/inf state refused on load, write failures (a file-size limit, another rank's failure) that
+// leave no partial checkpoint, and the run lock (run_lock.h).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 
 #include "harness/records/checkpoint.h"
+#include "harness/records/run_lock.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
@@ -181,6 +190,121 @@ TEST(CheckpointChecksum, CorruptFileIsRefusedNamingTheNewestIntactOlderCheckpoin
     EXPECT_THAT(e.what(), HasSubstr("iter_0000010/rank_00000.pt has no checksum"));
     EXPECT_THAT(e.what(), HasSubstr("no older intact checkpoint of this rank"));
   }
+}
+
+// A NaN in a compressor part's state (an error-feedback buffer) or in the optimizer's moments: the
+// checkpoint is refused on load, naming the tensors, the rank and the newest older checkpoint.
+TEST(CheckpointNonFinite, PoisonedStateIsRefusedOnLoadNamingTheTensorAndAnOlderCheckpoint) {
+  testing::TempDir tmp;
+  const std::string dir = tmp / "ckpt";
+  Saver s;
+  float ef_value = 1.0f;
+  const std::vector<CheckpointPart> parts = {
+      {"dp_reducer", "powersgd(rank=4)", [&](auto& a) { a.write("error_feedback/w", torch::full({3}, ef_value)); },
+       [](auto&) {}}};
+  save_checkpoint(dir, TrainState{10, 80}, *s.model, s.opt, CheckpointLayout{}, "cfg", 0, [](bool ok) { return ok; },
+                  {}, parts);
+  ef_value = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THAT(non_finite_state(s.opt, parts), ElementsAre("state/dp_reducer/error_feedback/w"));
+  save_checkpoint(dir, TrainState{20, 160}, *s.model, s.opt, CheckpointLayout{}, "cfg", 0, [](bool ok) { return ok; },
+                  {}, parts);
+  try {
+    load_checkpoint(dir, *s.model, s.opt, CheckpointLayout{}, {}, parts);
+    ADD_FAILURE() << "a checkpoint with a NaN in its compressor state loaded";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("iter_0000020/rank_00000.pt (rank 0) holds NaN or infinite values in 1 tensor: "
+                                    "state/dp_reducer/error_feedback/w"));
+    EXPECT_THAT(e.what(), HasSubstr("--resume " + dir + "/iter_0000010"));
+  }
+  ef_value = 1.0f;
+  EXPECT_TRUE(non_finite_state(s.opt, parts).empty());
+  // The optimizer's moments are checked the same way (the model's weights too).
+  s.opt.zero_grad();
+  s.model->weight.mutable_grad() = torch::ones({2, 2});
+  s.model->bias.mutable_grad() = torch::ones({2});
+  s.opt.step();
+  EXPECT_TRUE(non_finite_state(s.opt, parts).empty());
+  static_cast<torch::optim::AdamWParamState&>(*s.opt.state().begin()->second).exp_avg().view({-1})[0].fill_(INFINITY);
+  const auto bad = non_finite_state(s.opt, parts);
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_THAT(bad[0], ::testing::StartsWith("optimizer/"));
+}
+
+// A file-size limit (the same write path as a full disk) while the rank file is written: an error
+// naming the file and the OS error, never an abort; nothing of that checkpoint stays and `latest`
+// still names the previous one. The soft limit is put back before any assertion.
+TEST(CheckpointWrite, FileSizeLimitIsAnErrorNamingTheFileAndLeavesThePreviousCheckpoint) {
+  testing::TempDir tmp;
+  const std::string dir = tmp / "ckpt";
+  Saver s;
+  s.save(dir, 10, 0);
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit old_limit{};
+  getrlimit(RLIMIT_FSIZE, &old_limit);
+  rlimit limit = old_limit;
+  limit.rlim_cur = 1024;  // bytes: the archive is larger
+  setrlimit(RLIMIT_FSIZE, &limit);
+  std::string what = "no error";
+  try {
+    s.save(dir, 20, 0);
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  EXPECT_THAT(what, HasSubstr("checkpoint: cannot write " + dir + "/iter_0000020/rank_00000.pt.tmp: File too large"));
+  EXPECT_THAT(what, HasSubstr("`latest` is unchanged"));
+  EXPECT_EQ(latest_name(dir), "iter_0000010");
+  EXPECT_THAT(iter_dirs(dir), ElementsAre("iter_0000010"));
+  EXPECT_EQ(s.load(dir), 10);
+}
+
+// Another rank failed to write its file (all_written answers false): this rank's file of the step
+// goes too, and so does the step's directory; `latest` is untouched.
+TEST(CheckpointWrite, AnotherRanksFailureLeavesNoPartialCheckpoint) {
+  testing::TempDir tmp;
+  const std::string dir = tmp / "ckpt";
+  Saver s;
+  s.save(dir, 10, 0);
+  int calls = 0;
+  try {
+    save_checkpoint(dir, TrainState{20, 160}, *s.model, s.opt, CheckpointLayout{}, "cfg", 0,
+                    [&](bool ok) { return ++calls > 1 && ok; });
+    ADD_FAILURE() << "no error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("another rank could not write its file of " + dir + "/iter_0000020"));
+  }
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(latest_name(dir), "iter_0000010");
+  EXPECT_THAT(iter_dirs(dir), ElementsAre("iter_0000010"));
+}
+
+// One run per directory: a second lock is refused naming the holder; released, the file goes and
+// the next run takes it; a lock file left by a dead holder is taken over, naming it.
+TEST(RunLockTest, SecondHolderIsRefusedNamingTheFirstAndAStaleFileIsTakenOver) {
+  testing::TempDir tmp;
+  const std::string path = tmp / "optcc.lock";
+  {
+    RunLock first(path, "checkpoint.dir X", "run-a");
+    EXPECT_EQ(first.stale_holder(), "");
+    try {
+      RunLock second(path, "checkpoint.dir X", "run-b");
+      ADD_FAILURE() << "two holders";
+    } catch (const RunLockHeld& e) {
+      EXPECT_THAT(e.what(), HasSubstr("checkpoint.dir X is in use by another run (" + path + ": pid " +
+                                      std::to_string(getpid()) + " host "));
+      EXPECT_THAT(e.what(), HasSubstr(" run run-a)"));
+    }
+  }
+  EXPECT_FALSE(fs::exists(path));
+  std::ofstream(path) << "pid 999999999 host elsewhere started 2026-01-01T00:00:00Z run old\n";
+  RunLock third(path, "checkpoint.dir X", "run-c");
+  EXPECT_EQ(third.stale_holder(), "pid 999999999 host elsewhere started 2026-01-01T00:00:00Z run old");
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  EXPECT_THAT(line, ::testing::StartsWith("pid " + std::to_string(getpid()) + " host "));
+  EXPECT_THAT(line, ::testing::EndsWith(" run run-c"));
 }
 
 }  // namespace

@@ -135,7 +135,7 @@ TEST_F(SweepTest, ListingJsonAndIndexAgree) {
   EXPECT_EQ(j["results_dir"], "results/demo");
   EXPECT_EQ(j["slurm"], nlohmann::json::parse(R"({"nodes": 1, "tasks_per_node": 2, "gpus_per_node": 0,
                                                    "cpus_per_task": 1, "time": "00:10:00", "array_limit": null,
-                                                   "mem": null, "exclusive": false, "gpus_per_task": 0})"));
+                                                   "mem": null, "exclusive": false, "gpus_per_task": 0, "stop_signal_seconds": 300})"));
   EXPECT_EQ(j["needs_gpus"], false);
   EXPECT_TRUE(j["gpus"].is_null());
   EXPECT_EQ(j["build"], (nlohmann::json{{"cuda", kBuiltWithCuda}, {"description", build_description()}}));
@@ -235,7 +235,7 @@ TEST_F(SweepTest, SlurmThrottleMemoryExclusiveAndGpusPerTask) {
   const nlohmann::json j = sweep_json(paper);
   EXPECT_EQ(j["slurm"], nlohmann::json::parse(R"({"nodes": 2, "tasks_per_node": 1, "gpus_per_node": 8,
                                                    "cpus_per_task": 4, "time": "48:00:00", "array_limit": 3,
-                                                   "mem": null, "exclusive": true, "gpus_per_task": 8})"));
+                                                   "mem": null, "exclusive": true, "gpus_per_task": 8, "stop_signal_seconds": 300})"));
   EXPECT_EQ(j["needs_gpus"], true);
   EXPECT_EQ(j["gpus"], "2 nodes x 8 GPUs");
   EXPECT_EQ(j["build"]["cuda"], kBuiltWithCuda);
@@ -328,7 +328,9 @@ TEST_F(SweepErrorTest, SlurmGpuRules) {
                "tasks_per_node = 2 must equal gpus_per_node");
   expect_error(exp + with("array_limit: 3", "throttle: 3") + kGrid,
                "scales.paper.slurm.throttle = '3': unknown key (known here: nodes, tasks_per_node, gpus_per_node, "
-               "cpus_per_task, time, array_limit, mem, exclusive, gpus_per_task)");
+               "cpus_per_task, time, array_limit, mem, exclusive, gpus_per_task, stop_signal_seconds)");
+  expect_error(exp + with("array_limit: 3", "array_limit: 3, stop_signal_seconds: 70000") + kGrid,
+               "scales.paper.slurm.stop_signal_seconds = '70000': must be at most 65535");
   // Without GPUs the optional keys are optional; with them they are accepted as well.
   EXPECT_NO_THROW(load(exp + with("gpus_per_node: 0,", "gpus_per_node: 0, array_limit: 1, mem: 4G, exclusive: false,")
                        + kGrid));

@@ -1,8 +1,13 @@
-// Hdf5MetricsSink in one process: round trip through the HDF5 C++ API, errors, flush cost.
+// Hdf5MetricsSink in one process: round trip through the HDF5 C++ API, errors, a file-size limit,
+// flush cost.
 #include <H5Cpp.h>
 #include <gtest/gtest.h>
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -188,6 +193,50 @@ TEST_F(MetricsSinkTest, FlushOfDeletedFileThrowsAndKeepsRows) {
   sink.flush();  // the retry writes the kept row
   H5::H5File f(path, H5F_ACC_RDONLY);
   EXPECT_EQ(read_series<double>(f, "eval/ppl"), std::vector<double>{2.0});
+}
+
+// A file-size limit (ulimit -f; the same failing write as a full disk or a quota): the flush that
+// would pass it fails before HDF5 writes anything, naming the file and the OS error; the file stays
+// readable with every row flushed before (an HDF5 write failing half-way would leave it unreadable);
+// later rows are refused. The soft limit is put back before the file is read.
+TEST_F(MetricsSinkTest, FileSizeLimitFailsTheFlushAndKeepsEarlierRowsReadable) {
+  const std::string path = file("full.h5");
+  const auto old_handler = std::signal(SIGXFSZ, SIG_IGN);
+  rlimit old_limit{};
+  getrlimit(RLIMIT_FSIZE, &old_limit);
+  std::string error;
+  int64_t flushed = 0;
+  {
+    Hdf5MetricsSink sink(path, {{"config", std::string(4000, 'x')}}, tables());
+    rlimit limit = old_limit;
+    limit.rlim_cur = static_cast<rlim_t>(fs::file_size(path)) + 600 * 1024;  // room for a few flushes
+    setrlimit(RLIMIT_FSIZE, &limit);
+    for (int64_t step = 1; step <= 100000 && error.empty(); ++step) {
+      sink.append("train", {step, 1.0 * step, 1e-3, 0.5});
+      sink.append("diagnostics/traffic", {step, int64_t{8} * step, 0.25});
+      if (step % 50 == 0) {
+        try {
+          sink.flush();
+          flushed = step;
+        } catch (const std::runtime_error& e) {
+          error = e.what();
+        }
+      }
+    }
+    EXPECT_THROW(sink.flush(), std::runtime_error);  // rows are refused after the failure, not half-written
+  }
+  setrlimit(RLIMIT_FSIZE, &old_limit);
+  std::signal(SIGXFSZ, old_handler);
+  ASSERT_FALSE(error.empty()) << "the limit was never reached";
+  EXPECT_NE(error.find("cannot append rows to results file '" + path + "': File too large (errno 27)"),
+            std::string::npos) << error;
+  EXPECT_NE(error.find("stays readable"), std::string::npos) << error;
+  ASSERT_GT(flushed, 0);
+  H5::H5File f(path, H5F_ACC_RDONLY);  // a plain open: not "truncated file"
+  const auto steps = read_series<int64_t>(f, "train/step");
+  ASSERT_EQ(steps.size(), static_cast<size_t>(flushed));
+  for (int64_t i = 0; i < flushed; ++i) ASSERT_EQ(steps[i], i + 1);
+  EXPECT_EQ(read_series<int64_t>(f, "diagnostics/traffic/bytes").back(), 8 * flushed);
 }
 
 std::string file_bytes(const std::string& path) {

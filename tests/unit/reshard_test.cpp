@@ -57,7 +57,10 @@ std::vector<Shard> build_layout(const Config& c, const std::string& dir,
     if (!dir.empty()) {
       auto opt = make_adamw(*model, c.train);
       save_checkpoint(dir, TrainState{5, 10}, *model, *opt, {c.parallel.tp, c.parallel.pp, c.parallel.dp, rank},
-                      to_yaml(c), 0, [&] { d.world->barrier(); });
+                      to_yaml(c), 0, [&](bool ok) {
+                        d.world->barrier();
+                        return ok;
+                      });
     }
     out[rank].tp_rank = d.coord().tp;
     out[rank].stage = model->stage();

@@ -3,6 +3,7 @@
 // feedback and Q, CB's Q and generator, LEP buffers, the loss scaler) is bit-identical before and
 // after it, compared tensor by tensor across every rank's checkpoint; fp16's scale backs off and
 // grows back on its schedule. PP2 x DP2, cb_fe_sc, ranks as threads.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <H5Cpp.h>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <limits>
 #include <set>
+#include <sstream>
 
 #include "compat/torch_compat.h"
 #include "harness/config/config.h"
@@ -169,6 +171,80 @@ TEST(SkippedStep, Fp16ValueBeyondTheFp16DpWireSkipsLikeAnInf) {
 
 // bf16 with grad_reduce_dtype: compute: the 16-bit DP wire changes nothing of the skip.
 TEST(SkippedStep, Bf16InfWithA16BitDpWireChangesNoStateAnywhere) { run_with_an_inf("bf16", "compute"); }
+
+// A copy of `in` into `out` (tensors, sub-archives and other values) with the first element of
+// every floating-point tensor set to NaN.
+void copy_poisoned(torch::serialize::InputArchive& in, torch::serialize::OutputArchive& out) {
+  for (const auto& key : in.keys()) {
+    if (key == "training") continue;  // the archive module's own attribute, not saved state
+    torch::Tensor t;
+    torch::serialize::InputArchive sub;
+    c10::IValue value;
+    if (in.try_read(key, t)) {
+      if (!t.defined()) continue;
+      if (t.is_floating_point() && t.numel() > 0) {
+        t = t.clone();
+        t.view({-1})[0] = std::numeric_limits<float>::quiet_NaN();
+      }
+      out.write(key, t);
+    } else if (in.try_read(key, sub)) {
+      torch::serialize::OutputArchive o;
+      copy_poisoned(sub, o);
+      out.write(key, o);
+    } else if (in.try_read(key, value)) {
+      out.write(key, value);
+    }
+  }
+}
+
+// Puts a NaN into every floating-point tensor of `part`'s state (save, poison, load).
+void poison(const CheckpointPart& part) {
+  torch::serialize::OutputArchive saved, poisoned;
+  part.save(saved);
+  std::stringstream a, b;
+  saved.save_to(a);
+  torch::serialize::InputArchive in, back;
+  in.load_from(a);
+  copy_poisoned(in, poisoned);
+  poisoned.save_to(b);
+  back.load_from(b);
+  part.load(back);
+}
+
+// A NaN in PowerSGD's state (error feedback, warm-start Q) of one rank at step 3: local gradients
+// are finite, the sync's result is not, the step is skipped, and the first skip finds the poisoned
+// buffers: every rank stops (no run of frozen, skipped steps ending in exit 0), the poisoned rank
+// names them, and nothing poisoned reaches a checkpoint.
+TEST(SkippedStep, NaNInCompressorStateStopsTheRunAtTheFirstSkipNamingTheBuffer) {
+  testing::TempDir dir;
+  testing::write_synthetic_corpus(dir / "corpus", 64, 200);
+  const Config cfg = skip_config(dir, "fp32");
+  std::vector<std::string> errors(4);
+  testing::run_layout({1, 2, 2}, [&](int rank, Distributed& dist) {
+    TrainOptions opt;
+    opt.quiet = true;
+    opt.on_step_state = [](int64_t step, int r, const std::vector<CheckpointPart>& parts) {
+      if (step != kInfStep || r != kInfRank) return;
+      for (const auto& part : parts) {
+        if (part.name == "dp_reducer") poison(part);
+      }
+    };
+    try {
+      run_training(cfg, opt, dist);
+    } catch (const std::exception& e) {
+      errors[rank] = e.what();
+    }
+  });
+  for (int rank = 0; rank < 4; ++rank) EXPECT_FALSE(errors[rank].empty()) << "rank " << rank << " went on";
+  EXPECT_THAT(errors[kInfRank], ::testing::HasSubstr(fmt::format(
+                                    "training stopped at step {}: rank {} holds NaN or infinite values in its "
+                                    "optimizer or compressor state", kInfStep, kInfRank)));
+  EXPECT_THAT(errors[kInfRank], ::testing::HasSubstr("state/dp_reducer/"));
+  EXPECT_THAT(errors[0], ::testing::HasSubstr("the state check after a skipped step failed on rank"));
+  const auto ckpt = std::filesystem::path(cfg.checkpoint_dir());
+  EXPECT_FALSE(std::filesystem::exists(ckpt / fmt::format("iter_{:07d}", kInfStep)));
+  EXPECT_EQ(std::filesystem::path(*latest_checkpoint(ckpt.string())).filename(), fmt::format("iter_{:07d}", kInfStep - 1));
+}
 
 }  // namespace
 }  // namespace optcc
