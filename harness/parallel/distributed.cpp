@@ -113,8 +113,8 @@ std::pair<c10::intrusive_ptr<c10d::Store>, std::vector<std::string>> tcp_rendezv
   if (!ended) {
     throw CommError(fmt::format(
         "{}: no answer from a store within {} ms: the connection was accepted but nothing answered as a c10d "
-        "store, so another program may be listening on port {} of {}. Fix: pick a free MASTER_PORT (or unset it "
-        "under --nproc), and check that MASTER_ADDR is rank 0's host",
+        "store, so another program may be listening on port {} of {}. Fix: pick a free MASTER_PORT, and check "
+        "that MASTER_ADDR is rank 0's host",
         where, timeout.count(), env.master_port, env.master_addr));
   }
   if (!shared->error.empty()) {
@@ -236,7 +236,9 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
     }
     rank_of[pid] = r;
   }
-  spdlog::info("launched {} local ranks (rendezvous 127.0.0.1:{}, a free port this launcher picked)", nproc, port);
+  const char* exported = std::getenv("MASTER_PORT");
+  spdlog::info("launched {} local ranks (rendezvous 127.0.0.1:{}, a free port this launcher picked{})", nproc, port,
+               exported ? fmt::format("; the exported MASTER_PORT={} is not used", exported) : "");
   int result = 0;
   bool terminating = false, stopped = false;
   auto deadline = std::chrono::steady_clock::time_point::max();
@@ -255,8 +257,12 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
       const bool stop = WIFEXITED(status) && WEXITSTATUS(status) == kStoppedExitCode;
       stopped = stopped || stop;
       const bool failed = !(WIFEXITED(status) && WEXITSTATUS(status) == 0) && !stop;
+      if (failed && terminating) {
+        spdlog::info("rank {} {}", r, describe_status(status));  // after the first failure: not the cause
+      }
       if (failed && !terminating) {
-        spdlog::error("rank {} {}; stopping the other {} ranks", r, describe_status(status), rank_of.size());
+        spdlog::error("rank {} {} (the first to fail; its error is above); stopping the other {} ranks", r,
+                      describe_status(status), rank_of.size());
         result = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
         terminating = true;
         deadline = std::chrono::steady_clock::now() + grace;

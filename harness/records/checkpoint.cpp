@@ -103,9 +103,10 @@ void write_archive(torch::serialize::OutputArchive& ar, const std::string& path)
   if (error == 0 && failure.empty()) return;
   ::unlink(path.c_str());
   throw std::runtime_error(fmt::format(
-      "checkpoint: cannot write {}: {}. Nothing of this checkpoint is used (`latest` is unchanged)."
-      " Fix: free space on that file system (or raise the quota / file-size limit), or set checkpoint.dir to "
-      "another one, then resume with --resume auto",
+      "checkpoint: cannot write {}: {}. Nothing of this checkpoint is used (`latest`, if there is one, still "
+      "names the last complete checkpoint). Fix: free space on that file system (or raise the quota / file-size "
+      "limit), or set checkpoint.dir to another one; then --resume auto continues from the last complete "
+      "checkpoint, or starts over when there is none",
       path, error != 0 ? fmt::format("{} (errno {})", std::strerror(error), error) : failure));
 }
 
@@ -464,21 +465,62 @@ std::vector<std::string> non_finite_tensors(torch::serialize::InputArchive& ar, 
   return bad;
 }
 
-std::vector<std::string> non_finite_state(torch::optim::Optimizer& optimizer, const std::vector<CheckpointPart>& parts) {
+namespace {
+
+// non_finite_tensors of what `save` writes, under `prefix` (one archive at a time: the peak is one
+// part's state on the host).
+std::vector<std::string> non_finite_saved(const std::string& prefix,
+                                          const std::function<void(torch::serialize::OutputArchive&)>& save) {
   torch::serialize::OutputArchive out;
-  torch::serialize::OutputArchive opt_ar;
-  optimizer.save(opt_ar);
-  out.write("optimizer", opt_ar);
-  for (const auto& part : parts) {
-    torch::serialize::OutputArchive sub;
-    part.save(sub);
-    out.write("state/" + part.name, sub);
-  }
+  save(out);
   std::stringstream bytes;
   out.save_to(bytes);
   torch::serialize::InputArchive in;
   in.load_from(bytes, torch::Device(torch::kCPU));
-  return non_finite_tensors(in);
+  return non_finite_tensors(in, prefix);
+}
+
+// AdamW's (or Adam's) moments, checked where they live (no copy); nullopt for another optimizer.
+std::optional<std::vector<std::string>> non_finite_adam_moments(torch::optim::Optimizer& optimizer) {
+  std::vector<std::string> bad;
+  const auto& groups = optimizer.param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (size_t i = 0; i < groups[g].params().size(); ++i) {
+      // The optimizer's own key for a parameter's state (torch/optim: the TensorImpl address as text).
+      const auto it = optimizer.state().find(c10::guts::to_string(groups[g].params()[i].unsafeGetTensorImpl()));
+      if (it == optimizer.state().end()) continue;
+      std::vector<std::pair<std::string, torch::Tensor>> moments;
+      if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {
+        moments.emplace_back("exp_avg", w->exp_avg());
+        moments.emplace_back("exp_avg_sq", w->exp_avg_sq());
+        moments.emplace_back("max_exp_avg_sq", w->max_exp_avg_sq());
+      } else if (const auto* a = dynamic_cast<const torch::optim::AdamParamState*>(it->second.get())) {
+        moments.emplace_back("exp_avg", a->exp_avg());
+        moments.emplace_back("exp_avg_sq", a->exp_avg_sq());
+        moments.emplace_back("max_exp_avg_sq", a->max_exp_avg_sq());
+      } else {
+        return std::nullopt;
+      }
+      for (const auto& [name, t] : moments) {
+        if (t.defined() && t.numel() > 0 && !torch::isfinite(t).all().item<bool>()) {
+          bad.push_back(fmt::format("optimizer/group {} parameter {}/{}", g, i, name));
+        }
+      }
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
+std::vector<std::string> non_finite_state(torch::optim::Optimizer& optimizer, const std::vector<CheckpointPart>& parts) {
+  auto moments = non_finite_adam_moments(optimizer);
+  std::vector<std::string> bad =
+      moments ? std::move(*moments) : non_finite_saved("optimizer/", [&](auto& a) { optimizer.save(a); });
+  for (const auto& part : parts) {
+    for (auto& name : non_finite_saved("state/" + part.name + "/", part.save)) bad.push_back(std::move(name));
+  }
+  return bad;
 }
 
 std::optional<torch::Tensor> read_checkpoint_tensor(const std::string& ckpt, int64_t rank, const std::string& name,

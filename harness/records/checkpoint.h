@@ -108,9 +108,10 @@ TrainState load_checkpoint(const std::string& ckpt, torch::nn::Module& model,
 /// buffer turns every later step into a skipped one).
 std::vector<std::string> non_finite_tensors(torch::serialize::InputArchive& ar, const std::string& prefix = "");
 
-/// non_finite_tensors of the live optimizer state and compressor parts, as a checkpoint would save
-/// them ("optimizer/...", "state/<part>/..."). The trainer calls it at the first of a run of
-/// skipped steps. Costs a serialization of that state (no file).
+/// The same for the live state: AdamW's (or Adam's) moments where they live ("optimizer/group G
+/// parameter I/exp_avg"; another optimizer through its saved state, "optimizer/..."), and each
+/// compressor part as it would be saved ("state/<part>/...", one part at a time through host memory,
+/// no file). The trainer calls it at the first of a series of skipped steps.
 std::vector<std::string> non_finite_state(torch::optim::Optimizer& optimizer, const std::vector<CheckpointPart>& parts);
 
 /// One tensor `key` of the part `name` in this rank's file of checkpoint `ckpt` (as for

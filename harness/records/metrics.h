@@ -118,7 +118,8 @@ class Hdf5MetricsSink final : public MetricsSink {
   // group/column (empty or duplicate names, no columns).
   Hdf5MetricsSink(const std::string& path, const std::map<std::string, std::string>& root_attributes,
                   const std::vector<TableSpec>& tables);
-  // Flushes and closes; never throws (a failed final flush is reported on stderr).
+  // Flushes and closes; never throws (a failed final flush is reported on stderr; after a failed
+  // flush() the caller has seen, nothing is retried or printed).
   ~Hdf5MetricsSink() override;
   Hdf5MetricsSink(const Hdf5MetricsSink&) = delete;
   Hdf5MetricsSink& operator=(const Hdf5MetricsSink&) = delete;
@@ -155,6 +156,7 @@ class Hdf5MetricsSink final : public MetricsSink {
 
   std::string path_;
   std::string failed_;  // set by a failed flush: no later write touches the file (see flush())
+  bool last_flush_failed_ = false;  // the destructor does not repeat an error the caller has seen
   std::vector<Table> tables_;                            // in TableSpec order
   std::unordered_map<std::string, std::size_t> index_;  // group -> position in tables_
 };

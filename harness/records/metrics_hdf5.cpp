@@ -175,7 +175,7 @@ void Hdf5MetricsSink::write_new_file(const std::map<std::string, std::string>& r
 }
 
 Hdf5MetricsSink::~Hdf5MetricsSink() {
-  if (!failed_.empty()) return;  // the error was reported; the file keeps its earlier rows
+  if (!failed_.empty() || last_flush_failed_) return;  // that error was reported; the file keeps its earlier rows
   try {
     flush();
   } catch (const std::exception& e) {
@@ -246,13 +246,12 @@ void Hdf5MetricsSink::reserve_space(std::size_t bytes) {
   if (error == 0 && ::ftruncate(fd, st.st_size) != 0) error = errno;
   ::close(fd);
   if (error == 0) return;
-  std::size_t rows = 0;
-  for (const Table& t : tables_) rows = std::max(rows, t.rows_written);
   throw std::runtime_error(fmt::format(
       "metrics: cannot append rows to results file '{}': {} (errno {}) while reserving {} bytes: the disk is full or "
-      "a quota or file-size limit is reached. The file keeps every row written before (up to {} per table) and "
-      "stays readable. Fix: free space there (or point log.dir elsewhere), then resume the run with --resume auto",
-      path_, std::strerror(error), error, bytes, rows));
+      "a quota or file-size limit is reached. The file keeps every row flushed before and stays readable; the "
+      "rows since are lost. Fix: free space there (or point log.dir elsewhere); --resume auto then continues "
+      "from the last checkpoint, if there is one, into a new results file",
+      path_, std::strerror(error), error, bytes));
 }
 
 void Hdf5MetricsSink::flush() {
@@ -260,6 +259,7 @@ void Hdf5MetricsSink::flush() {
   bool pending = false;
   for (const Table& t : tables_) pending = pending || t.rows_buffered > 0;
   if (!pending) return;
+  last_flush_failed_ = true;           // until this flush succeeds
   reserve_space(bytes_to_reserve());  // fails before the file is touched: the rows stay buffered for a retry
   try {
     with_hdf5(fmt::format("cannot append rows to results file '{}'", path_),
@@ -275,6 +275,7 @@ void Hdf5MetricsSink::flush() {
     failed_ = e.what();
     throw;
   }
+  last_flush_failed_ = false;
   for (Table& t : tables_) {
     t.rows_written += t.rows_buffered;
     t.rows_buffered = 0;

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <stdexcept>
@@ -30,7 +31,9 @@ std::string holder_line(const std::string& run_name) {
   const std::time_t now = std::time(nullptr);
   char when[32] = {};
   std::strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return fmt::format("pid {} host {} started {} run {}", getpid(), host, when, run_name);
+  const char* launcher = std::getenv("OPTCC_LAUNCHER_PID");  // a rank of `optcc train --nproc`
+  return fmt::format("pid {} host {} started {} run {}{}", getpid(), host, when, run_name,
+                     launcher ? fmt::format(" (global rank 0 of the --nproc launcher pid {})", launcher) : "");
 }
 
 }  // namespace

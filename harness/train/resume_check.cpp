@@ -78,11 +78,18 @@ std::vector<ConfigChange> resume_config_changes(const std::string& saved_yaml, c
   std::vector<ConfigChange> changes;
   for (const auto& [key, value] : now) {
     if (mutable_on_resume(key)) continue;
-    // The same schedule spelled differently (an explicit decay_steps equal to what 0 gives), or 0 on
-    // both sides (the decay follows train_steps, which may change): not a change.
-    if (key == "train.decay_steps" &&
-        (effective_decay(saved_by_key) == effective_decay(now_by_key) ||
-         (integer_of(saved_by_key, key) == 0 && integer_of(now_by_key, key) == 0))) {
+    // The decay length is what counts: an explicit decay_steps equal to what 0 gives is the same
+    // schedule; 0 on both sides with another train_steps is not (the cosine tail moves: the learning
+    // rate would jump at the resume), and the change names the value that keeps the schedule.
+    if (key == "train.decay_steps") {
+      const int64_t was = effective_decay(saved_by_key), will = effective_decay(now_by_key);
+      if (was == will) continue;
+      const auto spelled = [](const std::string& v, int64_t steps) {
+        return v == "0" ? fmt::format("0 (decays over {} steps: train_steps - warmup_steps)", steps) : v;
+      };
+      const auto it = saved_by_key.find(key);
+      changes.push_back({key, spelled(it != saved_by_key.end() ? it->second : "0", was),
+                         spelled(value, will) + fmt::format("; train.decay_steps={} keeps the checkpoint's schedule", was)});
       continue;
     }
     std::string before = "(unset)";

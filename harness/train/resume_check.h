@@ -3,10 +3,12 @@
 // do not touch the math of training changed. The trainer compares the two before it loads anything.
 //
 // May change on resume (listed in resume_mutable_keys(), nothing else):
-//   train.train_steps        to run longer (or shorter) from the same state; with train.decay_steps 0
-//                            the cosine decay follows train_steps, so its tail changes with it
+//   train.train_steps        to run longer (or shorter) from the same state, as long as the decay
+//                            length stays: with train.decay_steps 0 the cosine decay follows
+//                            train_steps, so a changed train_steps is refused as a schedule change
+//                            (the learning rate would jump) naming the explicit decay_steps that keeps it
 //   train.decay_steps        only to a value giving the same decay length (e.g. an explicit
-//                            train_steps - warmup_steps for 0), or 0 on both sides
+//                            train_steps - warmup_steps for 0)
 //   train.eval_interval, train.eval_iters, train.threads
 //   log.*, checkpoint.*      where and what is recorded
 //   parallel.timeout_seconds, parallel.ranks_per_node (labels), parallel.device, parallel.backend

@@ -288,8 +288,8 @@ void Trainer::check_writable_dirs() {
       fs::remove(probe, ec);
       if (f == nullptr) {
         throw std::runtime_error(fmt::format(
-            "{} {}: rank {} cannot create a file there: {}. Fix: make it writable, or set {} to a directory this "
-            "job can write",
+            "{} {}: rank {} cannot create a file there: {}. Fix: make it a writable directory (every part of the "
+            "path must be a directory), or set {} to one this job can write",
             key, dir, d_.rank(), std::strerror(e), key));
       }
     }

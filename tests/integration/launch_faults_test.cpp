@@ -134,8 +134,10 @@ bool gone(pid_t pid) {
 TEST(StopSignal, SigtermToTheLauncherCheckpointsTheCurrentStepAndResumeAutoContinues) {
   optcc::testing::TempDir dir;
   optcc::testing::write_synthetic_corpus(dir / "corpus", 64, 200);
-  const auto command = smoke_command(dir, {"--set", "parallel.dp=2", "--set", "checkpoint.interval=1000",
-                                           "--nproc", "2"});
+  // An explicit decay length: the resume below changes train_steps, which with decay_steps 0 would
+  // move the schedule (refused, resume_check.h).
+  const auto command = smoke_command(dir, {"--set", "parallel.dp=2", "--set", "checkpoint.interval=1000", "--set",
+                                           "train.decay_steps=1000", "--nproc", "2"});
   const std::string results = dir / "results/smoke.h5", ckpt = dir / "results/ckpt/smoke";
   const std::string log1 = dir / "run1.txt";
   const pid_t launcher = spawn(command, child_env({}), log1);
@@ -248,7 +250,8 @@ TEST(RunLock, SecondRunOnTheSameDirectoriesIsRefusedNamingTheFirst) {
   EXPECT_NE(second, 0) << slurp(log2);
   EXPECT_NE(second, -1) << "the second run did not end";
   EXPECT_THAT(slurp(log2), HasSubstr("is in use by another run (" + (dir / "results") + "/ckpt/smoke/optcc.lock: pid "));
-  EXPECT_THAT(slurp(log2), HasSubstr(" run smoke)"));
+  EXPECT_THAT(slurp(log2), HasSubstr(" run smoke (global rank 0 of the --nproc launcher pid " + std::to_string(first) +
+                                     "))"));
   EXPECT_THAT(slurp(log2), Not(HasSubstr("/100000 | loss")));
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir / "results")) files.push_back(e.path().filename().string());

@@ -197,7 +197,11 @@ TEST(Training, ResumeRefusesAChangedScheduleUnlessAllowed) {
     ADD_FAILURE() << "a resume with another learning-rate schedule was accepted";
   } catch (const ConfigError& e) {
     const std::string msg = e.what();
-    EXPECT_THAT(msg, ::testing::HasSubstr("(step 2): this run's config changes 2 keys"));
+    EXPECT_THAT(msg, ::testing::HasSubstr("(step 2): this run's config changes 3 keys"));
+    // warmup 5 -> 1 and train_steps 2 -> 4 move the cosine decay from 1 step to 3 (decay_steps 0).
+    EXPECT_THAT(msg, ::testing::HasSubstr("train.decay_steps: 0 (decays over 1 steps: train_steps - warmup_steps) -> "
+                                          "0 (decays over 3 steps: train_steps - warmup_steps); "
+                                          "train.decay_steps=1 keeps the checkpoint's schedule"));
     EXPECT_THAT(msg, ::testing::HasSubstr("train.lr: 0.003 -> 0.002"));
     EXPECT_THAT(msg, ::testing::HasSubstr("train.warmup_steps: 5 -> 1"));
     EXPECT_THAT(msg, ::testing::HasSubstr("--allow-config-change"));
