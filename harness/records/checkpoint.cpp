@@ -14,6 +14,7 @@
 #include <fstream>
 #include <memory>
 #include <sstream>
+#include <type_traits>
 #include <vector>
 
 
@@ -480,15 +481,29 @@ std::vector<std::string> non_finite_saved(const std::string& prefix,
   return non_finite_tensors(in, prefix);
 }
 
+// The optimizer's own key for a parameter's state: the TensorImpl address, as text (LibTorch 1.13)
+// or as the pointer (2.x).
+template <typename StateMap>
+typename StateMap::key_type state_key(const StateMap&, c10::TensorImpl* impl) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << impl;
+    return text.str();
+  } else {
+    return static_cast<Key>(impl);
+  }
+}
+
 // AdamW's (or Adam's) moments, checked where they live (no copy); nullopt for another optimizer.
 std::optional<std::vector<std::string>> non_finite_adam_moments(torch::optim::Optimizer& optimizer) {
   std::vector<std::string> bad;
   const auto& groups = optimizer.param_groups();
   for (size_t g = 0; g < groups.size(); ++g) {
     for (size_t i = 0; i < groups[g].params().size(); ++i) {
-      // The optimizer's own key for a parameter's state (torch/optim: the TensorImpl address as text).
-      const auto it = optimizer.state().find(c10::guts::to_string(groups[g].params()[i].unsafeGetTensorImpl()));
-      if (it == optimizer.state().end()) continue;
+      const auto& state = optimizer.state();
+      const auto it = state.find(state_key(state, groups[g].params()[i].unsafeGetTensorImpl()));
+      if (it == state.end()) continue;
       std::vector<std::pair<std::string, torch::Tensor>> moments;
       if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {
         moments.emplace_back("exp_avg", w->exp_avg());
