@@ -98,31 +98,44 @@ class StopSignalTest(unittest.TestCase):
     def test_sigusr1_is_forwarded_and_the_stop_code_comes_back(self):
         import signal
         import threading
+        import time
+        with tempfile.TemporaryDirectory() as tmp:
+            ready = os.path.join(tmp, "ready")
+            child = [sys.executable, "-c", "import signal, sys, time\n"
+                     "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
+                     f"open({ready!r}, 'w').close()\n"
+                     "time.sleep(60)\nsys.exit(3)"]
+
+            def signal_when_ready():  # once the child's handler is in place (a loaded machine is slow)
+                for _ in range(600):
+                    if os.path.exists(ready):
+                        os.kill(os.getpid(), signal.SIGUSR1)
+                        return
+                    time.sleep(0.05)
+
+            thread = threading.Thread(target=signal_when_ready)
+            thread.start()
+            try:
+                self.assertEqual(er.run_forwarding_signals(child), er.STOPPED_EXIT_CODE)
+            finally:
+                thread.join()
+        self.assertEqual(signal.getsignal(signal.SIGUSR1), signal.SIG_DFL)  # put back
+
+    def run_stoppable(self, env):
+        """slurm/stoppable around a child that exits 75 on SIGUSR1; SIGUSR1 to stoppable once the child
+        says its handler is in place (a loaded machine may take seconds to start it)."""
+        import signal
         child = [sys.executable, "-c", "import signal, sys, time\n"
                  "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
                  "print('ready', flush=True)\n"
                  "time.sleep(60)\nsys.exit(3)"]
-        timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGUSR1))
-        timer.start()
-        try:
-            self.assertEqual(er.run_forwarding_signals(child), er.STOPPED_EXIT_CODE)
-        finally:
-            timer.cancel()
-        self.assertEqual(signal.getsignal(signal.SIGUSR1), signal.SIG_DFL)  # put back
-
-    def run_stoppable(self, env):
-        """slurm/stoppable around a child that exits 75 on SIGUSR1; SIGUSR1 to stoppable after 1 s."""
-        child = [sys.executable, "-c", "import signal, sys, time\n"
-                 "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
-                 "time.sleep(60)\nsys.exit(3)"]
         p = subprocess.Popen([os.path.join(REPO, "slurm", "stoppable"), *child], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
-        import signal
-        import time
-        time.sleep(1.0)
+        first = p.stdout.readline()
+        self.assertEqual(first.strip(), "ready")
         p.send_signal(signal.SIGUSR1)
-        out, _ = p.communicate(timeout=30)
-        return p.returncode, out
+        out, _ = p.communicate(timeout=60)
+        return p.returncode, first + out
 
     def test_stoppable_passes_the_signal_on_and_requeues_the_job_on_75(self):
         with tempfile.TemporaryDirectory() as tmp:
