@@ -206,16 +206,17 @@ std::vector<std::string> rank_environment(const std::vector<std::pair<std::strin
   return env;
 }
 
-}  // namespace
-
-int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::milliseconds grace) {
-  const int port = free_local_port();
-  // Forward a batch system's stop signals to the ranks (stop_signal.h) instead of dying of them.
+// Forward a batch system's stop signals to the ranks (stop_signal.h) instead of dying of them.
+void forward_stop_signals() {
   struct sigaction sa {};
   sa.sa_handler = record_launcher_signal;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGUSR1, &sa, nullptr);
+}
+
+// Starts the `nproc` ranks (this binary, `argv`) with their launch environment; pid -> rank.
+std::map<pid_t, int> spawn_ranks(int nproc, const std::vector<std::string>& argv, int port) {
   std::map<pid_t, int> rank_of;
   for (int r = 0; r < nproc; ++r) {
     std::vector<std::string> env_s = rank_environment(
@@ -236,6 +237,15 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
     }
     rank_of[pid] = r;
   }
+  return rank_of;
+}
+
+}  // namespace
+
+int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::milliseconds grace) {
+  const int port = free_local_port();
+  forward_stop_signals();
+  std::map<pid_t, int> rank_of = spawn_ranks(nproc, argv, port);
   const char* exported = std::getenv("MASTER_PORT");
   spdlog::info("launched {} local ranks (rendezvous 127.0.0.1:{}, a free port this launcher picked{})", nproc, port,
                exported ? fmt::format("; the exported MASTER_PORT={} is not used", exported) : "");

@@ -111,6 +111,21 @@ void write_archive(torch::serialize::OutputArchive& ar, const std::string& path)
       path, error != 0 ? fmt::format("{} (errno {})", std::strerror(error), error) : failure));
 }
 
+// `ar` as `file`: through `file`.tmp, with its checksum beside it before it takes its name (a file
+// that exists has one). "" when written, else why not (nothing of it is left under its name).
+std::string write_rank_file(torch::serialize::OutputArchive& ar, const std::string& file) {
+  const std::string tmp = file + ".tmp";
+  try {
+    write_archive(ar, tmp);
+    write_text_atomically(checkpoint_checksum_file(file),
+                          sha256_of_file(tmp) + "  " + fs::path(file).filename().string() + "\n");
+    fs::rename(tmp, file);
+    return "";
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+}
+
 // The step of a checkpoint directory name "iter_<digits>", or nullopt for any other name.
 std::optional<int64_t> iter_step(const std::string& name) {
   constexpr size_t kPrefix = 5;  // "iter_"
@@ -163,22 +178,12 @@ std::string save_checkpoint(const std::string& dir, const TrainState& state, tor
   }
 
   const std::string file = rank_file(ckpt_dir, layout.rank);
-  const std::string tmp = file + ".tmp";
-  std::string problem;
-  try {
-    write_archive(ar, tmp);
-    // The checksum first (sha256sum's format), then the file under its name: a file that exists has one.
-    write_text_atomically(checkpoint_checksum_file(file),
-                          sha256_of_file(tmp) + "  " + fs::path(file).filename().string() + "\n");
-    fs::rename(tmp, file);
-  } catch (const std::exception& e) {
-    problem = e.what();
-  }
+  const std::string problem = write_rank_file(ar, file);
   if (!all_written(problem.empty())) {
     // Some rank could not write its file: nothing of this step's checkpoint stays (`latest` keeps
     // naming the previous one), and every rank stops.
     std::error_code ec;
-    for (const auto& f : {tmp, file, checkpoint_checksum_file(file), checkpoint_checksum_file(file) + ".tmp"}) {
+    for (const auto& f : {file + ".tmp", file, checkpoint_checksum_file(file), checkpoint_checksum_file(file) + ".tmp"}) {
       fs::remove(f, ec);
     }
     all_written(true);  // every rank's files are gone: the directory is empty of rank files
