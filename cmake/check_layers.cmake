@@ -4,7 +4,7 @@ cmake_minimum_required(VERSION 3.18)  # IN_LIST, list(JOIN)
 # Prints the include graph between folders (edge: count) and fails on any edge the table below does
 # not allow. Registered as the `layers` test (tests/CMakeLists.txt).
 # Folder -> the folders it may include (besides itself). Lower folders never name upper ones.
-# compat/ (the LibTorch-version and build-capability header) sits below all of them.
+# compat/ (the LibTorch-version and build-capability headers) sits below all of them.
 set(ALLOW_compat "")
 set(ALLOW_kernels "compat")
 set(ALLOW_harness_parallel "compat")

@@ -354,12 +354,12 @@ int bench_command(const Cli& c, Config cfg) {
   std::string gemms;
   for (const auto& [name, gflops] : r.gemm) gemms += fmt::format("{}{} {:.1f}", gemms.empty() ? "" : ", ", name, gflops);
   std::cout << fmt::format(
-      "bench step: preset={} L={} h={} s={} B={} device={} threads={} precision={} (CPU bf16: {}); linear layers on "
-      "{}; compressors' thin GEMMs: {}; heap: {}\n"
+      "bench step: preset={} L={} h={} s={} B={} device={} threads={} precision={} (CPU bf16: {}) attention={}; linear "
+      "layers on {}; compressors' thin GEMMs: {}; heap: {}\n"
       "  {} GEMM at the model's shapes (GFLOP/s): {}\n"
       "  step {:.1f} ms | {:.0f} tokens/s | model {:.1f} GFLOP/s | best GEMM {:.1f} GFLOP/s ({}) | ratio {:.2f}\n",
       cfg.model.preset, cfg.model.num_layers, cfg.model.hidden_size, cfg.model.seq_len,
-      cfg.train.global_batch_size, r.device, r.threads, r.precision, r.cpu_bf16, r.linear_library, r.thin_gemm,
+      cfg.train.global_batch_size, r.device, r.threads, r.precision, r.cpu_bf16, r.attention, r.linear_library, r.thin_gemm,
       r.allocator,
       r.precision, gemms, r.step_seconds * 1e3, r.tokens_per_second,
       r.model_gflops, r.gemm_gflops, r.gemm_library, r.ratio);

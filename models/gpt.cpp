@@ -1,4 +1,5 @@
 #include "models/gpt.h"
+#include "compat/fused_attention.h"
 #include "models/flops.h"
 #include "kernels/gemm.h"
 
@@ -7,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 namespace optcc {
 namespace {
@@ -46,11 +48,34 @@ torch::Tensor dropout_with(const torch::Tensor& x, double p, bool training, at::
 
 }  // namespace
 
+const std::vector<std::string>& attention_kernel_names() {
+  static const std::vector<std::string> names{"auto", "explicit", "fused"};
+  return names;
+}
+
+AttentionKernel attention_kernel(const std::string& name) {
+  const auto& names = attention_kernel_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return static_cast<AttentionKernel>(i);
+  }
+  throw std::invalid_argument("unknown attention kernel '" + name + "' (auto, explicit or fused)");
+}
+
+const std::string& attention_kernel_name(AttentionKernel k) { return attention_kernel_names().at(static_cast<size_t>(k)); }
+
+AttentionKernel attention_kernel_used(AttentionKernel k, bool on_gpu, double attention_dropout, bool training) {
+  if (k != AttentionKernel::kAuto) return k;
+  const bool draws_dropout = training && attention_dropout > 0;
+  return kHasFusedAttention && on_gpu && !draws_dropout ? AttentionKernel::kFused : AttentionKernel::kExplicit;
+}
+
 CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GptOptions& o, int64_t layer, Communicator* tp,
                                                  at::Generator rng)
     : local_heads_(o.num_heads / tp_size(tp)), head_dim_(o.hidden_size / o.num_heads), dropout_(o.attention_dropout),
-      rng_(std::move(rng)) {
+      kernel_(o.attention), rng_(std::move(rng)) {
   TORCH_CHECK(o.num_heads % tp_size(tp) == 0, "num_heads ", o.num_heads, " not divisible by TP size ", tp_size(tp));
+  TORCH_CHECK(o.attention != AttentionKernel::kFused || o.attention_dropout == 0,
+              "fused attention draws no attention dropout, but attention_dropout is ", o.attention_dropout);
   const int64_t h = o.hidden_size;
   qkv = register_module("qkv", ColumnParallelLinear(h, 3 * h, tp, false, o.init_std, o.seed, layer_tag(layer, 0)));
   proj = register_module("proj", RowParallelLinear(h, h, tp, true, out_std(o), o.seed, layer_tag(layer, 1)));
@@ -63,6 +88,10 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   // unbind, not three selects: its backward stacks the three gradients into one tensor, where each
   // select's would zero a full-size gradient and the three be added.
   const auto qkv3 = qkv(x).view({s, b, local_heads_, 3, head_dim_}).permute({3, 1, 2, 0, 4}).unbind(0);
+  if (attention_kernel_used(kernel_, x.is_cuda(), dropout_, is_training()) == AttentionKernel::kFused) {
+    const auto ctx = fused_causal_attention(qkv3[0], qkv3[1], qkv3[2]);  // [b, heads/t, s, hd]
+    return proj(ctx.permute({2, 0, 1, 3}).reshape({s, b, local_heads_ * head_dim_}));
+  }
   auto q = qkv3[0] * (1.0 / std::sqrt(static_cast<double>(head_dim_)));
   auto scores = gemm_bmm(q, qkv3[1].transpose(-2, -1));  // [b, heads/t, s, s]
   if (causal_mask_.device() != x.device()) causal_mask_ = causal_mask_.to(x.device());  // not a buffer: moved once here

@@ -26,10 +26,30 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "models/tensor_parallel.h"
 
 namespace optcc {
+
+/// How attention computes softmax(q k^T / sqrt(d) + causal mask) v (config key model.attention):
+///   kExplicit  two batched GEMMs around a masked softmax (fp32 under mixed precision): the [b,
+///              heads, s, s] scores are written and read; attention dropout masks come from the TP
+///              rank's host generator, so they are the same on every device and layout.
+///   kFused     ATen's fused kernel (LibTorch >= 2.0; flash attention on CUDA): no score matrix in
+///              memory; no attention dropout (refused with model.attention_dropout > 0).
+///   kAuto      kFused on a GPU where the build has it and no attention dropout is drawn (dropout 0,
+///              or evaluation), kExplicit otherwise (CPU ranks keep the explicit path, whose GEMMs
+///              run on oneDNN).
+enum class AttentionKernel { kAuto, kExplicit, kFused };
+/// The config spellings, in enum order: "auto", "explicit", "fused".
+const std::vector<std::string>& attention_kernel_names();
+/// Throws std::invalid_argument naming the spellings.
+AttentionKernel attention_kernel(const std::string& name);
+const std::string& attention_kernel_name(AttentionKernel k);
+/// The kernel a forward pass uses: kExplicit or kFused (kAuto resolved as above).
+AttentionKernel attention_kernel_used(AttentionKernel k, bool on_gpu, double attention_dropout, bool training);
 
 struct GptOptions {
   int64_t num_layers = 2;           // L of the whole model
@@ -50,6 +70,7 @@ struct GptOptions {
   /// stages ([s, b, h]) and the TP all-reduces carry it; LayerNorm, softmax, the logits' cross-
   /// entropy and head_logits() run in fp32 (upcast, then cast back).
   c10::ScalarType compute_dtype = c10::ScalarType::Float;
+  AttentionKernel attention = AttentionKernel::kAuto;  // model.attention
 };
 
 /// Which part of the model this rank holds (a pipeline stage). Default: all of it.
@@ -74,6 +95,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
  private:
   int64_t local_heads_, head_dim_;
   double dropout_;
+  AttentionKernel kernel_;
   at::Generator rng_;
   torch::Tensor causal_mask_;  // [s, s] bool, true above the diagonal (future positions)
 };

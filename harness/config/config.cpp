@@ -6,8 +6,10 @@
 #include "compression/act_codec.h"
 #include "compression/grad_reducer.h"
 #include "compression/options.h"
+#include "compat/fused_attention.h"
 #include "compat/torch_compat.h"
 #include "harness/parallel/device.h"
+#include "models/gpt.h"
 #include "models/precision.h"
 
 #include <fmt/format.h>
@@ -122,6 +124,27 @@ void validate_model(const Config& c) {
   check_probability("model.attention_dropout", m.attention_dropout);
   if (!(m.init_std > 0)) fail("model.init_std", fmt::format("{}", m.init_std), "must be > 0",
                               "use 0.02 (Megatron's default)");
+  AttentionKernel kernel{};
+  try {
+    kernel = attention_kernel(m.attention);
+  } catch (const std::invalid_argument&) {
+    fail("model.attention", "'" + m.attention + "'", fmt::format("must be one of {}", fmt::join(attention_kernel_names(), ", ")),
+         "use auto (fused attention on a GPU where it applies, the explicit one elsewhere)");
+  }
+  if (kernel == AttentionKernel::kFused && m.attention_dropout > 0) {
+    fail("model.attention", "'fused'",
+         fmt::format("the fused kernel draws no attention dropout, but model.attention_dropout = {}", m.attention_dropout),
+         "set model.attention_dropout: 0.0, or model.attention: auto (explicit attention while dropout is drawn)");
+  }
+}
+
+// What this build can run: fused attention needs ATen's kernel (LibTorch >= 2.0).
+void check_attention_build(const ModelConfig& m) {
+  if (m.attention == "fused" && !kHasFusedAttention) {
+    fail("model.attention", "'fused'", fmt::format("needs LibTorch >= 2.0 (at::scaled_dot_product_attention); this binary is {}",
+                                                   build_description()),
+         "use auto or explicit, or build optcc against LibTorch 2.x (scripts/debian13/test.sh) or a CUDA LibTorch");
+  }
 }
 
 // What this build can run, checked first: a GPU config on a CPU build fails on that, whatever else it
@@ -409,6 +432,7 @@ void Config::validate(int64_t world_size, BuildLimits limits) const {
   const bool this_build = limits == BuildLimits::kThisBuild;
   validate_finite(*this);
   if (this_build) validate_backend(*this);
+  if (this_build) check_attention_build(model);
   // The layout sizes divide other checks' values (heads / tp, layers / pp, batch / dp): positive first.
   check_positive("parallel.tp", parallel.tp);
   check_positive("parallel.pp", parallel.pp);

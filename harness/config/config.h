@@ -37,6 +37,8 @@ struct ModelConfig {
   double hidden_dropout = 0.1;   // dropout after attention/MLP and on embeddings, probability
   double attention_dropout = 0.1;  // dropout on attention probabilities
   double init_std = 0.02;        // N(0, init_std) init; output projections use init_std/sqrt(2L)
+  std::string attention = "auto";  // auto | explicit | fused: how attention is computed (models/gpt.h
+                                   // AttentionKernel; fused: LibTorch >= 2.0, attention_dropout 0)
   template <class V> void visit(V&& v);
 };
 

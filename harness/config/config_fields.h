@@ -16,6 +16,7 @@ template <class V> void ModelConfig::visit(V&& v) {
   v("hidden_dropout", hidden_dropout);
   v("attention_dropout", attention_dropout);
   v("init_std", init_std);
+  v("attention", attention);
 }
 
 template <class V> void ParallelConfig::visit(V&& v) {

@@ -6,6 +6,9 @@
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#ifndef USE_C10D_NCCL  // the header declares ProcessGroupNCCL only under it (LibTorch's CMake targets usually set it)
+#define USE_C10D_NCCL
+#endif
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 
 #include <fmt/format.h>

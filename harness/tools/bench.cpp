@@ -130,6 +130,7 @@ StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t th
   r.tokens_per_second = cfg.train.global_batch_size * o.seq_len / r.step_seconds;
   r.model_gflops = gpt_train_flops(o, cfg.train.global_batch_size) / r.step_seconds / 1e9;
   r.precision = cfg.train.precision;
+  r.attention = attention_kernel_name(attention_kernel_used(o.attention, placement.on_gpu(), o.attention_dropout, true));
   r.cpu_bf16 = cpu_bf16_instructions();
   r.linear_library = placement.on_gpu() ? "ATen (CUDA)" : compute_gemm_library(o.compute_dtype);
   r.allocator = cpu_allocator();

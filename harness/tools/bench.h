@@ -27,6 +27,7 @@ struct StepBenchResult {
   int64_t threads = 0;
   std::string device;            // where the step ran: "cpu" or "cuda:0" (parallel.device)
   std::string precision;         // train.precision the step computed in (fp32, bf16)
+  std::string attention;         // the attention kernel the step used: explicit | fused (models/gpt.h)
   std::string cpu_bf16;          // the CPU's bf16 instructions (kernels/gemm.h cpu_bf16_instructions())
 };
 

@@ -121,6 +121,7 @@ GptOptions gpt_options(const Config& c) {
   o.init_std = c.model.init_std;
   o.seed = static_cast<uint64_t>(c.train.seed);
   o.compute_dtype = precision_dtype(c.train.precision);
+  o.attention = attention_kernel(c.model.attention);
   return o;
 }
 
@@ -529,10 +530,13 @@ void Trainer::log_start() const {
   const bool fp32 = cfg_.train.precision == "fp32";
   const int64_t steps = cfg_.train.train_steps;
   spdlog::info("training {} step{} of {} sequences ({} micro-batches of {} per replica), threads per rank: {}, "
-               "precision {}{}, GEMMs: {}, compressors' thin GEMMs: {}, heap: {}; results -> {}",
+               "precision {}{}, GEMMs: {}, attention: {} ({}), compressors' thin GEMMs: {}, heap: {}; results -> {}",
                steps, steps == 1 ? "" : "s", cfg_.train.global_batch_size, m_, cfg_.train.micro_batch_size,
                at::get_num_threads(), cfg_.train.precision, fp32 ? "" : " (fp32 master weights, optimizer and compressor state)",
                d_.placement.on_gpu() ? "ATen (CUDA)" : compute_gemm_library(precision_dtype(cfg_.train.precision)),
+               attention_kernel_name(attention_kernel_used(attention_kernel(cfg_.model.attention), d_.placement.on_gpu(),
+                                                           cfg_.model.attention_dropout, /*training=*/true)),
+               cfg_.model.attention,
                d_.placement.on_gpu() ? "ATen (CUDA)" : "kernels/thin_gemm.h, " + thin_gemm_isa(), cpu_allocator(),
                summary_.results_path);
   // The backward phases and the LEP variant only act on compressed backward sends: name them then.

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "compat/fused_attention.h"
 #include "compat/torch_compat.h"
 #include "harness/config/config.h"
 #include "harness/train/trainer.h"
@@ -149,6 +150,38 @@ TEST(Config, PrecisionNamesTheAcceptedValuesTheBuildAndTheLossScaleKeys) {
   Config y;  // from an override, through the same visit()
   apply_override(y, "train.precision=bf16");
   EXPECT_EQ(y.train.precision, "bf16");
+}
+
+// model.attention: auto | explicit | fused; fused draws no dropout and needs LibTorch >= 2.0.
+TEST(Config, AttentionKernelNamesItsValuesDropoutAndTheBuild) {
+  Config c;
+  c.model.vocab_size = 100;
+  EXPECT_EQ(c.model.attention, "auto");
+  c.model.attention = "flash";
+  auto msg = validate_error(c);
+  EXPECT_THAT(msg, HasSubstr("model.attention = 'flash': must be one of auto, explicit, fused"));
+  c.model.attention = "fused";  // the default attention_dropout 0.1: refused by any build
+  try {
+    c.validate(1, Config::BuildLimits::kAnyBuild);
+    msg = "";
+  } catch (const ConfigError& e) {
+    msg = e.what();
+  }
+  EXPECT_THAT(msg, HasSubstr("model.attention = 'fused': the fused kernel draws no attention dropout, but "
+                             "model.attention_dropout = 0.1"));
+  EXPECT_THAT(msg, HasSubstr("Fix: set model.attention_dropout: 0.0"));
+  c.model.attention_dropout = 0.0;
+  if (kHasFusedAttention) {
+    EXPECT_NO_THROW(c.validate(1));
+  } else {  // LibTorch 1.13: no at::scaled_dot_product_attention
+    msg = validate_error(c);
+    EXPECT_THAT(msg, HasSubstr("model.attention = 'fused': needs LibTorch >= 2.0"));
+    EXPECT_THAT(msg, HasSubstr(build_description()));
+  }
+  EXPECT_NO_THROW(c.validate(1, Config::BuildLimits::kAnyBuild));  // a cluster's build may have it
+  Config y;
+  apply_override(y, "model.attention=explicit");
+  EXPECT_EQ(gpt_options(y).attention, AttentionKernel::kExplicit);
 }
 
 // parallel.grad_reduce_dtype: fp32 | compute; compute on a 16-bit run needs a stage that reduces

@@ -4,6 +4,8 @@
 
 #include <cmath>
 
+#include "compat/fused_attention.h"
+#include "compat/torch_compat.h"
 #include "models/gpt.h"
 #include "models/presets.h"
 
@@ -203,6 +205,65 @@ TEST_P(GptPrecision, LowPrecisionFollowsFp32WithFp32MastersAndGradients) {
 // fp16 joins once it trains (loss scaling; LibTorch 1.13 also lacks CPU fp16 GEMMs).
 INSTANTIATE_TEST_SUITE_P(MixedPrecision, GptPrecision, ::testing::Values(torch::kBFloat16),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+// model.attention: which kernel a forward pass uses (models/gpt.h AttentionKernel).
+TEST(GptAttention, AutoPicksFusedOnlyOnAGpuWithoutDropout) {
+  using K = AttentionKernel;
+  const K fused_if_built = kHasFusedAttention ? K::kFused : K::kExplicit;
+  EXPECT_EQ(attention_kernel_used(K::kAuto, /*on_gpu=*/true, 0.0, /*training=*/true), fused_if_built);
+  EXPECT_EQ(attention_kernel_used(K::kAuto, true, 0.1, false), fused_if_built);  // evaluation draws no dropout
+  EXPECT_EQ(attention_kernel_used(K::kAuto, true, 0.1, true), K::kExplicit);
+  EXPECT_EQ(attention_kernel_used(K::kAuto, false, 0.0, true), K::kExplicit);   // CPU ranks keep oneDNN's GEMMs
+  EXPECT_EQ(attention_kernel_used(K::kExplicit, true, 0.0, true), K::kExplicit);
+  EXPECT_EQ(attention_kernel_used(K::kFused, false, 0.0, true), K::kFused);
+  for (const auto& name : attention_kernel_names()) EXPECT_EQ(attention_kernel_name(attention_kernel(name)), name);
+  EXPECT_THROW(attention_kernel("flash"), std::invalid_argument);
+  auto o = tiny();
+  o.attention = K::kFused;
+  o.attention_dropout = 0.1;
+  EXPECT_THROW(GptModel{o}, c10::Error);  // fused draws no dropout: refused, not ignored
+}
+
+// The fused kernel computes what the explicit one does: same loss and gradients (fp32), on the CPU
+// and, where there is one, on the GPU (also in bf16, within its rounding).
+void expect_fused_matches_explicit(const torch::Device& device, c10::ScalarType dtype, double loss_tol, double min_cosine) {
+  torch::manual_seed(11);
+  auto samples = torch::randint(0, 100, {3, 17}, torch::kLong).to(device);
+  auto make = [&](AttentionKernel k) {
+    auto o = tiny();
+    o.attention = k;
+    o.compute_dtype = dtype;
+    GptModel m(o);
+    m->to(device);
+    return m;
+  };
+  GptModel ex = make(AttentionKernel::kExplicit), fu = make(AttentionKernel::kFused);
+  const auto loss_ex = ex->loss(samples), loss_fu = fu->loss(samples);
+  EXPECT_NEAR(loss_fu.item<double>(), loss_ex.item<double>(), loss_tol);
+  loss_ex.backward();
+  loss_fu.backward();
+  const auto pe = ex->named_parameters(), pf = fu->named_parameters();
+  for (const auto& p : pf) {
+    const auto g = p.value().grad().to(torch::kDouble), ge = pe[p.key()].grad().to(torch::kDouble);
+    if (ge.norm().item<double>() < 1e-6) continue;  // padding rows
+    const double cosine = (g * ge).sum().item<double>() / (g.norm() * ge.norm()).item<double>();
+    EXPECT_GT(cosine, min_cosine) << p.key();
+    EXPECT_NEAR(g.norm().item<double>(), ge.norm().item<double>(), (1 - min_cosine) * 10 * ge.norm().item<double>()) << p.key();
+  }
+}
+
+TEST(GptAttention, FusedMatchesExplicitOnCpu) {
+  if (!kHasFusedAttention) GTEST_SKIP() << "needs LibTorch >= 2.0 (at::scaled_dot_product_attention); this is " << build_description();
+  expect_fused_matches_explicit(torch::kCPU, torch::kFloat, 1e-5, 1 - 1e-6);
+}
+
+TEST(GptAttention, FusedMatchesExplicitOnGpu) {
+  if (!kHasFusedAttention || !torch::cuda::is_available()) {
+    GTEST_SKIP() << "needs a GPU and LibTorch >= 2.0; this is " << build_description();
+  }
+  expect_fused_matches_explicit(torch::Device(torch::kCUDA, 0), torch::kFloat, 1e-4, 1 - 1e-5);
+  expect_fused_matches_explicit(torch::Device(torch::kCUDA, 0), torch::kBFloat16, 0.02, 0.98);
+}
 
 }  // namespace
 }  // namespace optcc
