@@ -1,6 +1,6 @@
 // What differs between the LibTorch versions optcc builds against (Debian 12's 1.13, Debian 13's 2.6,
 // a cluster's CUDA 2.x), and what this build can run. Every `#if TORCH_VERSION_MAJOR` of the project
-// lives here; the rest of the code names the aliases below. The bottom layer: any folder may include
+// lives here or in compat/fused_attention.h; the rest of the code names the aliases below. The bottom layer: any folder may include
 // it (cmake/check_layers.cmake), and it includes only LibTorch.
 //
 // Tested: `make test` builds against 1.13; scripts/debian13/test.sh builds and runs the suite against
@@ -82,8 +82,9 @@ inline constexpr bool kCpuFp16Gemm = true;
 inline constexpr bool kCpuFp16Gemm = false;
 #endif
 
-inline std::string build_description() {
-  return "LibTorch " + torch_version() + (kBuiltWithCuda ? ", CUDA" : ", CPU only (built without CUDA)");
+/// with_cuda: what to say of CUDA (this build's kBuiltWithCuda; tests of the refusals pass the other).
+inline std::string build_description(bool with_cuda = kBuiltWithCuda) {
+  return "LibTorch " + torch_version() + (with_cuda ? ", CUDA" : ", CPU only (built without CUDA)");
 }
 
 }  // namespace optcc

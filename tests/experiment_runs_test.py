@@ -341,6 +341,18 @@ class Table2PaperTest(unittest.TestCase):
 
     def test_dry_run_line(self):
         p = self.submit("--dry-run")
+        corpus = os.path.join(REPO, "data", "corpus.json")
+        if self.plan["build"]["cuda"] and os.path.exists(corpus):
+            with open(corpus) as f:
+                vocab = json.load(f).get("vocab_size")
+            if vocab != 50257:
+                # A CUDA build passes the GPU check, so sweep --check reaches the dataset: the demo
+                # corpus (8000 pieces) is refused for the paper's GPT-2 vocabulary, nothing submitted.
+                self.assertEqual(p.returncode, 2, p.stdout + p.stderr)
+                self.assertIn(f"model.vocab_size = 50257 but the dataset data/corpus was tokenized with a vocabulary of "
+                              f"{vocab} pieces", p.stderr)
+                self.assertFalse(os.path.exists(self.env["FAKE_SBATCH_LOG"]))
+                return
         self.assertEqual(p.returncode, 0, p.stderr)
         array = p.stdout.splitlines()[1]
         for option in ("--array=0-14%2", "--exclusive", "--mem=0", "--gpus-per-task=1", "--ntasks=128"):

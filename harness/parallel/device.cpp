@@ -28,7 +28,7 @@ Placement resolve_placement(const std::string& device, const std::string& backen
     refuse("parallel.backend", "'" + backend + "'", "must be auto, gloo or nccl",
            "use auto (nccl on GPUs with one rank each, else gloo)");
   }
-  const std::string build = build_description();
+  const std::string build = build_description(built_with_cuda);
   if (!built_with_cuda && (device == "cuda" || backend == "nccl")) {
     const bool dev = device == "cuda";
     refuse(dev ? "parallel.device" : "parallel.backend", dev ? "'cuda'" : "'nccl'",

@@ -30,10 +30,13 @@ double median(std::vector<double> v) {
 }
 
 // The forward GEMMs of one micro-batch, as the model's linear layers run them (x [b·s, in] times
-// wᵀ, w [out, in]): qkv, proj, fc1, fc2 and the output layer. Backward GEMMs have the same sizes.
+// wᵀ, w [out, in]): qkv, proj, fc1, fc2 and the output layer, which multiplies by the whole padded
+// embedding (padded_vocab_size rows, a multiple of 128: GPT-2's 50257 alone would leave the output
+// rows misaligned, a far slower GEMM on a GPU than the model ever runs). Backward GEMMs have the
+// same sizes.
 std::vector<std::array<int64_t, 3>> model_gemm_shapes(const GptOptions& o, int64_t micro_batch) {
   const int64_t rows = micro_batch * o.seq_len, h = o.hidden_size;
-  return {{rows, h, 3 * h}, {rows, h, h}, {rows, h, 4 * h}, {rows, 4 * h, h}, {rows, h, o.vocab_size}};
+  return {{rows, h, 3 * h}, {rows, h, h}, {rows, h, 4 * h}, {rows, 4 * h, h}, {rows, h, o.padded_vocab_size}};
 }
 
 // GFLOP/s of `mm` (out = a·b) over `shapes` (each m x k times the transpose of an [n, k] weight) in

@@ -251,6 +251,7 @@ PY
     echo "nccl.h: $( { ls /usr/local/cuda/include/nccl.h /usr/include/nccl.h 2>/dev/null
                        python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "include", "nccl.h"))' 2>/dev/null; } | paste -sd' ')"
     echo "cmake: $(cmake --version 2>&1 | head -1); ninja: $(ninja --version 2>&1); c++: $(c++ --version 2>&1 | head -1)"
+    echo "CXX=${CXX:-unset}: $( ("${CXX:-g++}" --version || true) 2>&1 | head -1); g++ on PATH: $(command -v g++ || echo none)"
     echo "glibc: $(ldd --version 2>&1 | head -1)"
     cat "$DEBS/REQUIRES"
   } > "$log" 2>&1
@@ -353,6 +354,26 @@ unit_step() {
   skipped=$(grep -c '(Skipped)' "$OUT/unit.log" || true)
   record unit "$(status_of "$rc" "$T_UNIT")" $(( $(date +%s) - t )) \
     "${line:-no ctest summary}; skipped $skipped (unit.log)"
+  backtraces
+}
+
+# backtraces: for the first 3 tests that ctest reports as SEGFAULT, the stack of the crash
+# (cuda-gdb, which also debugs programs without GPU code, else gdb) -> OUT/backtraces.txt.
+backtraces() {
+  local dbg name cmd n=0
+  dbg=$(command -v cuda-gdb || command -v gdb || true)
+  [ -n "$dbg" ] || return 0
+  while read -r name; do
+    [ "$n" -lt 3 ] || break
+    n=$((n + 1))
+    cmd=$(ctest --test-dir "$BUILD" -N -V -R "^${name}\$" 2>/dev/null | sed -n 's/^[0-9]*: Test command: //p' | head -1)
+    [ -n "$cmd" ] || continue
+    { echo "=== $name: $cmd"
+      eval "set -- $cmd"  # ctest prints the command with its arguments in double quotes
+      timeout -k 5 60 "$dbg" -batch -ex run -ex bt -ex "info sharedlibrary" --args "$@" 2>&1 | tail -120
+    } >> "$OUT/backtraces.txt"
+  done < <(sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) (SEGFAULT).*/\1/p' "$OUT/unit.log")
+  [ ! -f "$OUT/backtraces.txt" ] || say "backtraces of $n crashing tests: backtraces.txt"
 }
 
 # fits STEP LIMIT: true when the step's limit ends before --deadline; else records it as not run.

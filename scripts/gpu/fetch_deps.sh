@@ -8,8 +8,9 @@
 #
 # The list below is scripts/deps.sh's, less what the GPU machine brings or optcc does not need
 # there: LibTorch (the machine's pip torch), OpenBLAS, oneDNN and OpenCL (CPU GEMMs; without them
-# kernels/ uses ATen, the CUDA path anyway), Gloo (inside torch), tools (compiler, cmake, git,
-# npm, Python packages). Each -dev package comes with the runtime libraries it links against.
+# kernels/ uses ATen, the CUDA path anyway), Gloo's library (inside torch), tools (compiler, cmake,
+# git, npm, Python packages). Gloo's headers are shipped: a pip torch has Gloo compiled in but leaves
+# its headers out, and c10d's ProcessGroupGloo.hpp includes them (PINNED, below). Each -dev package comes with the runtime libraries it links against.
 # Every Depends of a shipped package must be shipped, assumed present on any machine (BASE), or
 # named not needed with its reason (NOT_NEEDED): else this script stops, naming it.
 # Also writes debs/SHA256SUMS (checked by check.sh before unpacking) and debs/REQUIRES (the
@@ -39,6 +40,14 @@ SHIP=(
   libgtest-dev libgmock-dev                         # find_package(GTest): the test suite
   libbenchmark-dev libbenchmark1debian              # find_package(benchmark): bench_compression
   pkgconf-bin libpkgconf3                           # pkg-config itself, for machines without one
+)
+# .debs fetched by URL and SHA-256 rather than from this machine's apt (name, URL, SHA-256).
+# libgloo-dev: Debian 13's (Gloo of 2023-12), headers only (its library is not used: torch's own
+# Gloo is linked); Debian 12's Gloo (2022-05) lacks the Store methods ProcessGroupGloo.hpp overrides.
+PINNED=(
+  "libgloo-dev_0.0~git20231202.5354032-3+b2_amd64.deb"
+  "http://deb.debian.org/debian/pool/main/g/gloo/libgloo-dev_0.0~git20231202.5354032-3+b2_amd64.deb"
+  "5fd43a7c594ffa4baccf00ba797c215d4485ab617058fd04b69980dcbddc7cf2"
 )
 # Depends taken as present on any machine that runs Python with torch (check.sh's preflight names
 # any of their libraries it cannot find).
@@ -111,6 +120,7 @@ for f in "$DEBS"/*.deb; do
   [ -e "$f" ] || continue
   keep=0
   for p in "${SHIP[@]}"; do [ "$(basename "$f")" = "${want[$p]}" ] && keep=1; done
+  for ((i = 0; i < ${#PINNED[@]}; i += 3)); do [ "$(basename "$f")" = "${PINNED[i]}" ] && keep=1; done
   if [ "$keep" = 0 ]; then echo "gpu/fetch_deps.sh: removing $(basename "$f") (not in the list, or an older version)"; rm -f "$f"; fi
 done
 if [ ${#to_get[@]} -gt 0 ]; then
@@ -121,6 +131,17 @@ if [ ${#to_get[@]} -gt 0 ]; then
     [ -f "$DEBS/${want[$p]}" ] || { echo "gpu/fetch_deps.sh: apt-get download $p did not produce $DEBS/${want[$p]} (network? apt sources?)" >&2; exit 1; }
   done
 fi
+
+for ((i = 0; i < ${#PINNED[@]}; i += 3)); do
+  f="$DEBS/${PINNED[i]}"
+  if [ ! -f "$f" ]; then
+    echo "gpu/fetch_deps.sh: downloading ${PINNED[i]}"
+    curl -sSfL -o "$f.part" "${PINNED[i + 1]}" || { echo "gpu/fetch_deps.sh: cannot download ${PINNED[i + 1]} (network?)" >&2; exit 1; }
+    mv "$f.part" "$f"
+  fi
+  echo "${PINNED[i + 2]}  ${PINNED[i]}" | (cd "$DEBS" && sha256sum --quiet -c -) ||
+    { echo "gpu/fetch_deps.sh: ${PINNED[i]} does not have the pinned SHA-256 ${PINNED[i + 2]}; removed it, run again" >&2; rm -f "$f"; exit 1; }
+done
 
 # Every Depends/Pre-Depends alternative list needs one member that is shipped, BASE or NOT_NEEDED.
 declare -A known=()
@@ -146,7 +167,9 @@ if [ ${#unlisted[@]} -gt 0 ]; then
 fi
 
 # Checksums, and the newest symbol versions of glibc / libstdc++ the shipped shared libraries need.
-(cd "$DEBS" && sha256sum "${want[@]}" > SHA256SUMS)
+pinned_files=()
+for ((i = 0; i < ${#PINNED[@]}; i += 3)); do pinned_files+=("${PINNED[i]}"); done
+(cd "$DEBS" && sha256sum "${want[@]}" "${pinned_files[@]}" > SHA256SUMS)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for p in "${SHIP[@]}"; do dpkg -x "$DEBS/${want[$p]}" "$tmp"; done

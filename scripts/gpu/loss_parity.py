@@ -49,9 +49,9 @@ def main():
     if missing:
         ok = False
     ok = ok and bool(common) and worst <= args.tolerance
-    print(f"{len(common)} steps; max relative difference {worst:.3e}"
-          f"{f' at step {worst_step}' if worst_step is not None else ''}"
-          f" (loss {a.get(worst_step, float('nan')):.6f} vs {b.get(worst_step, float('nan')):.6f});"
+    where = (f" at step {worst_step} (loss {a[worst_step]:.7f} vs {b[worst_step]:.7f})" if worst_step is not None
+             else " (every step's loss bit-identical)" if common else "")
+    print(f"{len(common)} steps; max relative difference {worst:.3e}{where};"
           f" tolerance {args.tolerance:g}{'; MISSING steps ' + str(missing[:5]) if missing else ''}"
           f"{'' if ok else ' -> FAILED'}")
     sys.exit(0 if ok else 1)

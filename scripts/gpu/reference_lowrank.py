@@ -28,7 +28,7 @@ except ImportError:
     sys.exit("reference_lowrank.py: needs PyTorch (python3 -c 'import torch')")
 
 SLICES = [(1024, 1920), (1024, 3072), (2048, 12288)]  # bench_compression's fig14 slices (rows x cols)
-RANKS = [8, 16, 32, 40]
+RANKS = [8, 16, 24, 32, 40]  # bench_compression's fig14 ranks
 REPEATS = 7
 
 
