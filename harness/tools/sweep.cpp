@@ -3,12 +3,14 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <map>
 #include <regex>
 
 #include "compat/torch_compat.h"
+#include "harness/train/run_records.h"
 
 namespace optcc {
 namespace {
@@ -110,9 +112,14 @@ std::pair<std::string, std::vector<std::string>> config_and_sets(const std::vect
   return {config, sets};
 }
 
-// Loads and validates one train run as `optcc train` would; returns whether the vocabulary came
-// from data.vocab_size because the dataset is not prepared. Throws ConfigError.
-bool check_run(const SweepRun& r, const std::string& root) {
+// Loads and validates one train run as `optcc train` would; says whether the vocabulary came
+// from data.vocab_size because the dataset is not prepared, and the run's projected results size.
+// Throws ConfigError.
+struct RunCheck {
+  bool vocab_fallback = false;
+  int64_t results_bytes = 0;
+};
+RunCheck check_run(const SweepRun& r, const std::string& root) {
   const auto [config, sets] = config_and_sets(r.args);
   Config cfg = load_config(under(root, config), sets);
   bool fallback = false;
@@ -130,7 +137,7 @@ bool check_run(const SweepRun& r, const std::string& root) {
   cfg.validate(r.world_size);
   located.model.vocab_size = cfg.model.vocab_size;
   check_tokenizer_vocab(located, prepared_vocab_size(located.data.prefix));  // as train does before step 1
-  return fallback;
+  return {fallback, project_results(cfg).total_bytes};
 }
 
 int print_check(const SweepPlan& p, const SweepCheck& c, const std::string& root) {
@@ -151,6 +158,10 @@ int print_check(const SweepPlan& p, const SweepCheck& c, const std::string& root
                            c.vocab_from_data_config == 0 ? ""
                                : fmt::format(" ({} validated with data.vocab_size: the dataset is not prepared)",
                                              c.vocab_from_data_config));
+  std::cout << fmt::format("{} --scale {}: results files about {} in all, the largest run about {} (upper bounds: "
+                           "harness/train/run_records.h project_results)\n",
+                           p.file, p.scale, byte_text(static_cast<double>(c.results_bytes)),
+                           byte_text(static_cast<double>(c.largest_results_bytes)));
   return 0;
 }
 
@@ -225,7 +236,10 @@ SweepCheck check_sweep(const SweepPlan& plan, const std::string& root) {
   if (plan.kind != "train") return c;
   for (const auto& r : plan.runs) {
     try {
-      c.vocab_from_data_config += check_run(r, root) ? 1 : 0;
+      const RunCheck rc = check_run(r, root);
+      c.vocab_from_data_config += rc.vocab_fallback ? 1 : 0;
+      c.results_bytes += rc.results_bytes;
+      c.largest_results_bytes = std::max(c.largest_results_bytes, rc.results_bytes);
     } catch (const std::exception& e) {
       c.problems.push_back({r.index, r.run, e.what()});
     }

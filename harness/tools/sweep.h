@@ -78,10 +78,13 @@ struct SweepCheck {
   std::vector<RunProblem> problems;  // every bad run, in index order
   int64_t checked = 0;               // runs whose config was loaded
   int64_t vocab_from_data_config = 0;  // runs validated with data.vocab_size (dataset not prepared)
+  int64_t results_bytes = 0;         // the runs' projected results files, summed (run_records.h)
+  int64_t largest_results_bytes = 0;  // the largest of them
 };
 /// Loads each train run's config exactly as its args say (base under `root`, the --set list in
 /// order), resolves the vocabulary (falling back to data.vocab_size when the dataset's <prefix>.json
-/// is missing, as `optcc config show`) and validates it for the run's world size. Never throws for
+/// is missing, as `optcc config show`), validates it for the run's world size and projects its
+/// results file (project_results, harness/train/run_records.h). Never throws for
 /// a bad run; collects them all. A benchmark plan has nothing to load (its options were checked
 /// by load_experiment): checked = 0.
 SweepCheck check_sweep(const SweepPlan& plan, const std::string& root = ".");

@@ -7,6 +7,8 @@
 
 #include <cmath>
 
+#include "harness/train/run_records.h"
+
 namespace optcc {
 
 std::string format_bytes(double bytes) {
@@ -186,6 +188,8 @@ std::string traffic_report(const Config& cfg, const TrafficEstimate& e, const Pa
   report_cluster(out, e);
   report_spec_rows(out, e, rows);
   report_notes(out, e, rows);
+  out += fmt::format("\nresults file of such a run (optcc train's records, harness/train/run_records.h): {}\n",
+                     projection_text(project_results(cfg), cfg.train.train_steps));
   return out;
 }
 
@@ -267,6 +271,11 @@ std::string traffic_report_json(const Config& cfg, const TrafficEstimate& e, con
                  {"micro_batch_size", cfg.train.micro_batch_size},
                  {"global_batch_size", cfg.train.global_batch_size},
                  {"micro_batches", e.micro_batches}};
+  const ResultsProjection proj = project_results(cfg);
+  j["results_file"] = {{"rows_per_step", proj.rows_per_step},   {"bytes_per_step", proj.bytes_per_step},
+                       {"detail_rows", proj.detail_rows},       {"detail_bytes", proj.detail_bytes},
+                       {"logging_steps", proj.logging_steps},   {"total_bytes", proj.total_bytes},
+                       {"train_steps", cfg.train.train_steps}};
   j["options"] = {{"recompute", o.recompute},
                   {"k_tp", e.k_tp},
                   {"element_bytes", activation_element_bytes(cfg, o)},

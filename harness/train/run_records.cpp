@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <stdexcept>
 
 namespace optcc {
 
@@ -63,8 +64,19 @@ std::vector<TableSpec> step_tables() {
 // What the DP reducers and the pipeline codec did.
 std::vector<TableSpec> compression_tables() {
   return {
-      // BR-04: one row per (step, rank, DP tensor): raw vs. handed-to-collective bytes. `tensor`
-      // indexes the root attribute dp_tensor_names[rank]; matrix_rank is PowerSGD's effective rank.
+      // Every DP gradient reduction, per (step, rank): how many tensors, how many of them compressed,
+      // their raw and handed-to-collective bytes (the sums of the per-tensor records below).
+      {"dp_totals",
+       {{"step", ColumnType::kInt64, "steps"},
+        {"rank", ColumnType::kInt64, ""},
+        {"tensors", ColumnType::kInt64, ""},
+        {"compressed_tensors", ColumnType::kInt64, ""},
+        {"raw_bytes", ColumnType::kInt64, "bytes"},
+        {"sent_bytes", ColumnType::kInt64, "bytes"}}},
+      // The per-tensor detail, only where it says something: one row per (step, rank, COMPRESSED DP
+      // tensor), at the steps that log (step % log.interval == 0, and the last step). Raw vs.
+      // handed-to-collective bytes; `tensor` indexes the root attribute dp_tensor_names[rank];
+      // matrix_rank is PowerSGD's effective rank. (Uncompressed tensors are in dp_totals only.)
       {"dp_tensors",
        {{"step", ColumnType::kInt64, "steps"},
         {"rank", ColumnType::kInt64, ""},
@@ -232,7 +244,7 @@ void pack_compression(at::TensorAccessor<double, 1>& a, const RecordLayout& lay,
 
 // Rank r's rows of the step, from its gathered row g.
 void append_rank_rows(MetricsSink& sink, int64_t step, int64_t r, at::TensorAccessor<double, 1> g,
-                      const RecordLayout& lay) {
+                      const RecordLayout& lay, bool tensor_detail) {
   auto i64 = [](double v) { return static_cast<int64_t>(v); };
   for (int c = 0; c < kNumTraffic; ++c) {
     for (int l = 0; l < 2; ++l) {
@@ -243,10 +255,16 @@ void append_rank_rows(MetricsSink& sink, int64_t step, int64_t r, at::TensorAcce
   }
   sink.append("memory", {step, r, i64(g[lay.traffic_width])});
   sink.append("timing", {step, r, g[lay.traffic_width + 1], g[lay.traffic_width + 2]});
-  for (int64_t i = 0; i < i64(g[lay.tensors_at]); ++i) {
+  const int64_t tensors = i64(g[lay.tensors_at]);
+  int64_t compressed = 0, raw = 0, sent = 0;
+  for (int64_t i = 0; i < tensors; ++i) {
     const int64_t o = lay.tensors_at + 1 + 4 * i;
-    sink.append("dp_tensors", {step, r, i, i64(g[o]), i64(g[o + 1]), i64(g[o + 2]), i64(g[o + 3])});
+    raw += i64(g[o]), sent += i64(g[o + 1]), compressed += i64(g[o + 2]);
+    if (tensor_detail && g[o + 2] != 0) {
+      sink.append("dp_tensors", {step, r, i, i64(g[o]), i64(g[o + 1]), i64(g[o + 2]), i64(g[o + 3])});
+    }
   }
+  if (tensors > 0) sink.append("dp_totals", {step, r, tensors, compressed, raw, sent});
   const int64_t k = lay.codec_at;
   if (g[k] > 0 || g[k + 5] > 0) {
     sink.append("pipeline_codec", {step, r, i64(g[k]), i64(g[k + 1]), i64(g[k + 2]), i64(g[k + 3]), i64(g[k + 4]),
@@ -283,7 +301,71 @@ void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double p
   auto all = d.world->all_gather(mine.unsqueeze(0), Traffic::kControl, 0);  // [world, width]
   if (!sink) return;
   auto g = all.accessor<double, 2>();
-  for (int64_t r = 0; r < all.size(0); ++r) append_rank_rows(*sink, step, r, g[r], lay);
+  for (int64_t r = 0; r < all.size(0); ++r) append_rank_rows(*sink, step, r, g[r], lay, x.tensor_detail);
+}
+
+namespace {
+
+int64_t columns_of(const std::string& group) {
+  for (const auto& t : result_tables()) {
+    if (t.group == group) return static_cast<int64_t>(t.columns.size());
+  }
+  throw std::logic_error("no results table " + group);
+}
+
+}  // namespace
+
+ResultsProjection project_results(const Config& c) {
+  const auto& p = c.parallel;
+  const int64_t world = p.tp * p.pp * p.dp, steps = c.train.train_steps;
+  const int64_t m = c.train.global_batch_size / std::max<int64_t>(1, c.train.micro_batch_size * p.dp);
+  // Traffic classes a rank can use here (control: records and agreements, always), on one link, or
+  // on both when the world spans nodes.
+  const int64_t classes = 1 + (p.tp > 1 ? 1 : 0) + (p.pp > 1 ? 3 : 0) + (p.dp > 1 ? 1 : 0);  // pp: fwd, bwd, embedding
+  const int64_t links = p.ranks_per_node > 0 && world > p.ranks_per_node ? 2 : 1;
+  ResultsProjection r;
+  const std::vector<std::pair<std::string, int64_t>> every_step{
+      {"train", 1},
+      {"traffic", world * classes * links},
+      {"memory", world},
+      {"timing", world},
+      {"memory_components", world},
+      {"dp_totals", world},
+      {"pipeline_codec", p.pp > 1 ? world : 0},
+      {"lep_orthogonality", c.log.lep_orthogonality ? world * std::max<int64_t>(0, m - 1) : 0},
+      {"lep_diagnostics", c.log.lep_diagnostics ? world * m : 0}};
+  for (const auto& [group, rows] : every_step) {
+    r.rows_per_step += rows;
+    r.bytes_per_step += rows * columns_of(group) * 8;
+  }
+  // DP tensors of a rank: 12 per layer of its stage (LayerNorms, qkv, proj, fc1, fc2: weights and
+  // biases), + 2 position/word embeddings on the first stage, + final LayerNorm and the word
+  // embedding's copy on the last: at most 12 L_stage + 4, summed over stages, times tp * dp.
+  int64_t per_replica = 0;
+  for (int64_t layers : c.stage_layer_counts()) per_replica += 12 * layers + 4;
+  r.detail_rows = c.compression.dp.name == "none" ? 0 : per_replica * p.tp * p.dp;
+  r.detail_bytes = r.detail_rows * columns_of("dp_tensors") * 8;
+  const int64_t interval = std::max<int64_t>(1, c.log.interval);
+  r.logging_steps = steps / interval + (steps % interval != 0 ? 1 : 0);
+  const int64_t evals = c.train.eval_interval > 0 ? steps / c.train.eval_interval + 1 : 1;
+  r.total_bytes = r.bytes_per_step * steps + r.detail_bytes * r.logging_steps + evals * columns_of("eval") * 8;
+  return r;
+}
+
+std::string byte_text(double bytes) {
+  const char* units[] = {"B", "kB", "MB", "GB", "TB", "PB"};
+  int u = 0;
+  while (bytes >= 1000 && u < 5) bytes /= 1000, ++u;
+  return u == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
+std::string projection_text(const ResultsProjection& p, int64_t train_steps) {
+  return fmt::format("about {} per step ({} rows){}; {} for {} steps (an upper bound, before HDF5's own few kB per table)",
+                     byte_text(static_cast<double>(p.bytes_per_step)), p.rows_per_step,
+                     p.detail_rows == 0 ? ""
+                         : fmt::format(", + {} of per-tensor rows at each of {} logging steps",
+                                       byte_text(static_cast<double>(p.detail_bytes)), p.logging_steps),
+                     byte_text(static_cast<double>(p.total_bytes)), train_steps);
 }
 
 // Every rank's strings (e.g. DP tensor names) on every rank, in rank order.

@@ -15,14 +15,16 @@
 #include <vector>
 
 #include "compression/grad_reducer.h"
+#include "harness/config/config.h"
 #include "harness/parallel/distributed.h"
 #include "harness/records/metrics.h"
 #include "harness/train/pipeline_codec.h"
 
 namespace optcc {
 
-/// The HDF5 groups of a run: train, eval, traffic, memory, timing, dp_tensors, pipeline_codec,
-/// memory_components, lep_orthogonality, lep_diagnostics (columns and units documented in run_records.cpp).
+/// The HDF5 groups of a run: train, eval, traffic, memory, timing, dp_totals, dp_tensors,
+/// pipeline_codec, memory_components, lep_orthogonality, lep_diagnostics (columns and units
+/// documented in run_records.cpp).
 std::vector<TableSpec> result_tables();
 
 /// Validation perplexity exp(loss), capped at exp(kPerplexityLossCap) so a diverged run does not
@@ -51,11 +53,33 @@ struct StepExtras {
   PipelineCodec* codec = nullptr;
   int64_t max_orth_pairs = 0;          // m - 1 when the Fig. 11 check is on, else 0
   int64_t max_lep_sends = 0;           // m when log.lep_diagnostics is on, else 0
+  bool tensor_detail = false;          // this step writes /dp_tensors rows (a logging step)
 };
 
+/// What a run's results file grows by, from its config alone (before the first step: optcc train
+/// logs it, optcc sweep --check sums it over an experiment's runs). Rows are counted per table from
+/// the layout, each row at 8 bytes per column of result_tables() (every column is a 64-bit integer
+/// or float; HDF5's own overhead, a few KB per table, is left out). An upper bound where the count
+/// depends on what a step measures: /traffic counts every (class, link) a rank can use in this
+/// layout, /dp_tensors every DP tensor of every rank as if each were compressed (none when
+/// compression.dp is none), /pipeline_codec every rank when there are stages.
+struct ResultsProjection {
+  int64_t rows_per_step = 0;     // rows of the tables written every step
+  int64_t bytes_per_step = 0;    // their bytes
+  int64_t detail_rows = 0;       // /dp_tensors rows at one logging step
+  int64_t detail_bytes = 0;      // their bytes
+  int64_t logging_steps = 0;     // steps that write /dp_tensors rows
+  int64_t total_bytes = 0;       // over train.train_steps, evaluations included
+};
+ResultsProjection project_results(const Config& c);
+/// "about 1.2 MB per step ..., 3.4 GB for 230000 steps (upper bound)": the line optcc train logs.
+std::string projection_text(const ResultsProjection& p, int64_t train_steps);
+/// 1234 -> "1.2 kB", in powers of 1000.
+std::string byte_text(double bytes);
+
 /// Gathers this step's records of every rank to all ranks and, on the rank holding `sink`,
-/// appends them (traffic, memory, timing, dp_tensors, pipeline_codec, memory_components,
-/// lep_orthogonality, lep_diagnostics). Resets the rank's TrafficMeter and the codec's stats.
+/// appends them (traffic, memory, timing, dp_totals, dp_tensors when x.tensor_detail, pipeline_codec,
+/// memory_components, lep_orthogonality, lep_diagnostics). Resets the rank's TrafficMeter and the codec's stats.
 void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double pipeline_seconds, double step_seconds,
                        const StepExtras& x);
 

@@ -551,6 +551,7 @@ void Trainer::log_start() const {
                to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), bwd_how,
                to_yaml_value(comp.tp));
   log_network(cfg_.network, d_.layout);
+  if (sink_) spdlog::info("results file: {}", projection_text(project_results(cfg_), cfg_.train.train_steps));
 }
 
 // Per-rank events of log.timeline_steps (timeline.h): one clock per run, every rank's origin taken
@@ -765,6 +766,7 @@ void Trainer::record_step(const StepResult& r, double pipeline_seconds, int64_t 
   extras_->memory = {param_bytes, grad_bytes, optimizer_state_bytes(*optimizer_), activations_peak,
                      codec_->lep_peak_bytes(), dpr.error_feedback_bytes() + (emb ? emb->error_feedback_bytes() : 0),
                      dpr.factor_bytes() + (emb ? emb->factor_bytes() : 0) + codec_->codec_state_bytes(), memory_->peak()};
+  extras_->tensor_detail = state_.step % cfg_.log.interval == 0 || state_.step == cfg_.train.train_steps;
   record_rank_stats(d_, sink_.get(), state_.step, pipeline_seconds, r.seconds, *extras_);
   summary_.loss_scales.push_back(r.loss_scale);
   if (sink_) {

@@ -127,8 +127,12 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Parity,
 // ring collectives; stage_link.h for the scatter-gather split) for every rank of TP2 x PP2 x DP2.
 #include <H5Cpp.h>
 
+#include <algorithm>
+#include <map>
 #include <numeric>
 #include <tuple>
+
+#include "harness/train/run_records.h"
 
 namespace optcc {
 namespace {
@@ -256,7 +260,7 @@ TEST(Resume3D, CbLepAndPowerSgdStateTravelWithTheCheckpoint) {
   EXPECT_EQ(resumed, full);
 }
 
-void check_optimus_cc_results(const std::vector<TrainSummary>& out);
+void check_optimus_cc_results(const std::vector<TrainSummary>& out, const Config& cfg);
 
 // SC auto: the calibration step decides from measured times (so the choice itself is not asserted),
 // leaves the run's state alone, and a resumed run keeps the stored choice: bit-identical. The
@@ -291,6 +295,7 @@ TEST(OptimusCc, BytesPerClassTiedCopiesAndRecords) {
   cfg.compression.dp.name = "powersgd";
   cfg.compression.dp.options = YAML::Load("{rank: 2, warmup_steps: 0}");
   cfg.compression.dp_stages = "1";
+  cfg.log.interval = 2;  // per-tensor DP rows at steps 2 and 3 (the last)
   TrainOptions opt;
   opt.quiet = true;
   opt.keep_parameters = true;
@@ -302,7 +307,7 @@ TEST(OptimusCc, BytesPerClassTiedCopiesAndRecords) {
         << "tied embedding copies diverged on rank " << i;
   }
   try {
-    check_optimus_cc_results(out);
+    check_optimus_cc_results(out, cfg);
   } catch (const H5::Exception& e) {
     FAIL() << "HDF5: " << e.getFuncName() << ": " << e.getDetailMsg();
   }
@@ -383,7 +388,7 @@ TEST(OptimusCc, LepDiagnosticsRowPerCompressedSend) {
   }
 }
 
-void check_optimus_cc_results(const std::vector<TrainSummary>& out) {
+void check_optimus_cc_results(const std::vector<TrainSummary>& out, const Config& cfg) {
   H5::H5File f(out[0].results_path, H5F_ACC_RDONLY);
   const auto step = read_column(f, "/traffic/step"), rank = read_column(f, "/traffic/rank");
   const auto cls = read_column(f, "/traffic/class"), link = read_column(f, "/traffic/link");
@@ -425,10 +430,54 @@ void check_optimus_cc_results(const std::vector<TrainSummary>& out) {
       EXPECT_EQ(wire[i], (m - 1) * raw + cb);
     }
   }
+  // DP records: /dp_totals every step for every rank; /dp_tensors only the compressed tensors (stage 0:
+  // SC compresses there only), only at the logging steps 2 and 3, and they add up to /dp_totals.
+  const auto tot_step = read_column(f, "/dp_totals/step"), tot_rank = read_column(f, "/dp_totals/rank");
+  const auto tot_tensors = read_column(f, "/dp_totals/tensors"), tot_compressed = read_column(f, "/dp_totals/compressed_tensors");
+  const auto tot_raw = read_column(f, "/dp_totals/raw_bytes"), tot_sent = read_column(f, "/dp_totals/sent_bytes");
+  ASSERT_EQ(tot_step.size(), 8u * 3);
+  const auto tensor_step = read_column(f, "/dp_tensors/step"), tensor_rank = read_column(f, "/dp_tensors/rank");
   const auto tensor_sent = read_column(f, "/dp_tensors/sent_bytes");
   const auto tensor_compressed = read_column(f, "/dp_tensors/compressed");
   EXPECT_FALSE(tensor_sent.empty());
-  EXPECT_GT(std::accumulate(tensor_compressed.begin(), tensor_compressed.end(), int64_t{0}), 0);
+  std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> detail;  // (step, rank) -> rows, sent
+  for (size_t i = 0; i < tensor_step.size(); ++i) {
+    EXPECT_EQ(tensor_compressed[i], 1) << "an uncompressed tensor's row";
+    EXPECT_TRUE(tensor_step[i] == 2 || tensor_step[i] == 3) << "a row at step " << tensor_step[i];
+    EXPECT_LT(tensor_rank[i], 4) << "stage 1 compresses nothing (SC)";
+    auto& d = detail[{tensor_step[i], tensor_rank[i]}];
+    d.first += 1, d.second += tensor_sent[i];
+  }
+  for (size_t i = 0; i < tot_step.size(); ++i) {
+    SCOPED_TRACE(fmt::format("step {} rank {}", tot_step[i], tot_rank[i]));
+    EXPECT_GT(tot_tensors[i], 0);
+    if (tot_rank[i] < 4) {  // PowerSGD compresses the matrices; LayerNorms and biases go raw
+      EXPECT_GT(tot_compressed[i], 0);
+      EXPECT_LT(tot_compressed[i], tot_tensors[i]);
+      EXPECT_LT(tot_sent[i], tot_raw[i]);
+    } else {
+      EXPECT_EQ(tot_compressed[i], 0);
+      EXPECT_EQ(tot_sent[i], tot_raw[i]);
+    }
+    const auto it = detail.find({tot_step[i], tot_rank[i]});
+    const int64_t rows = it == detail.end() ? 0 : it->second.first;
+    EXPECT_EQ(rows, tot_step[i] >= 2 ? tot_compressed[i] : 0);
+    if (rows > 0) EXPECT_LE(it->second.second, tot_sent[i]);
+  }
+  // The projection bounds what the run wrote: every-step rows, the per-tensor rows of a logging step.
+  const ResultsProjection proj = project_results(cfg);
+  EXPECT_EQ(proj.logging_steps, 2);
+  int64_t step2_detail = 0;
+  for (const auto& [key, d] : detail) step2_detail += key.first == 2 ? d.first : 0;
+  EXPECT_GE(proj.detail_rows, step2_detail);
+  int64_t step2_rows = 1;  // /train
+  for (const char* group : {"/traffic/step", "/memory/step", "/timing/step", "/memory_components/step",
+                            "/dp_totals/step", "/pipeline_codec/step"}) {
+    const auto s = read_column(f, group);
+    step2_rows += std::count(s.begin(), s.end(), 2);
+  }
+  EXPECT_GE(proj.rows_per_step, step2_rows);
+  EXPECT_LE(proj.rows_per_step, 2 * step2_rows) << "an upper bound, but not a loose one";
   std::string names;
   H5::Attribute attr = f.openAttribute("dp_tensor_names");
   attr.read(attr.getStrType(), names);

@@ -13,6 +13,7 @@
 #include "harness/records/checkpoint.h"
 #include "harness/records/results_reader.h"
 #include "harness/config/config.h"
+#include "harness/train/run_records.h"
 #include "harness/train/optimizer.h"
 #include "harness/train/trainer.h"
 #include "models/gpt.h"
@@ -47,6 +48,36 @@ std::vector<double> read_series(const std::string& file, const std::string& path
   std::vector<double> v(n);
   ds.read(v.data(), H5::PredType::NATIVE_DOUBLE);
   return v;
+}
+
+// The results file's projection (run_records.h) in closed form: one rank writes per step a /train
+// row (8 columns), /traffic (control only: 8), /memory (3), /timing (4), /memory_components (10)
+// and /dp_totals (6): 39 columns of 8 bytes; evaluations add /eval rows (4 columns).
+TEST(ResultsProjection, OneRankClosedFormAndLayoutScaling) {
+  Config c;
+  c.train.train_steps = 100;
+  c.train.eval_interval = 50;
+  c.log.interval = 10;
+  auto p = project_results(c);
+  EXPECT_EQ(p.rows_per_step, 6);
+  EXPECT_EQ(p.bytes_per_step, 39 * 8);
+  EXPECT_EQ(p.detail_rows, 0);  // compression.dp none: no tensor is compressed
+  EXPECT_EQ(p.logging_steps, 10);
+  EXPECT_EQ(p.total_bytes, 100 * 39 * 8 + 3 * 4 * 8);
+  // PowerSGD on DP: at most 12 tensors per layer + 4 per stage, per (tp, dp) rank, at each logging step.
+  c.compression.dp.name = "powersgd";
+  c.parallel.dp = 2;
+  c.train.global_batch_size = 8;
+  p = project_results(c);
+  EXPECT_EQ(p.detail_rows, (12 * c.model.num_layers + 4) * 2);
+  EXPECT_EQ(p.detail_bytes, p.detail_rows * 7 * 8);
+  // dp 2 adds the dp traffic class on each of the 2 ranks: 2 x (train-less tables) + 2 x 2 traffic rows.
+  EXPECT_EQ(p.rows_per_step, 1 + 2 * 2 + 2 * 4);
+  c.train.train_steps = 95;  // 9 multiples of 10, and the last step
+  EXPECT_EQ(project_results(c).logging_steps, 10);
+  EXPECT_EQ(byte_text(999), "999 B");
+  EXPECT_EQ(byte_text(1500), "1.5 kB");
+  EXPECT_EQ(byte_text(57.04e9), "57.0 GB");
 }
 
 TEST(LrSchedule, WarmupThenCosineToMin) {
