@@ -360,7 +360,8 @@ std::string byte_text(double bytes) {
 }
 
 std::string projection_text(const ResultsProjection& p, int64_t train_steps) {
-  return fmt::format("about {} per step ({} rows){}; {} for {} steps (an upper bound, before HDF5's own few kB per table)",
+  return fmt::format("about {} per step ({} rows){}; {} for {} steps (an upper bound on the rows' data; HDF5's chunked "
+                     "storage adds to the file)",
                      byte_text(static_cast<double>(p.bytes_per_step)), p.rows_per_step,
                      p.detail_rows == 0 ? ""
                          : fmt::format(", + {} of per-tensor rows at each of {} logging steps",
