@@ -365,6 +365,8 @@ backtraces() {
   [ -n "$dbg" ] || return 0
   while read -r name; do
     [ "$n" -lt 3 ] || break
+    # 65 s each at most; within --deadline (the call's own limit), else none
+    [ "$DEADLINE" = 0 ] || [ $(( $(date +%s) - T_START + 65 )) -le "$DEADLINE" ] || break
     n=$((n + 1))
     cmd=$(ctest --test-dir "$BUILD" -N -V -R "^${name}\$" 2>/dev/null | sed -n 's/^[0-9]*: Test command: //p' | head -1)
     [ -n "$cmd" ] || continue
