@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# optcc's training step beside nanoGPT's on the same shapes, one thread, at fp32 and bf16 (README "Speed"):
+# optcc's training step beside nanoGPT's on the same shapes, one thread, at fp32 and bf16 (docs/speed.md):
 #   scripts/bench_peer_step.sh NANOGPT_DIR [CONFIG ...]
 # NANOGPT_DIR holds model.py from a karpathy/nanoGPT checkout you fetched yourself (nothing of it is
 # committed here). CONFIG defaults to experiments/bench-mini.yaml and experiments/bench-small.yaml.
@@ -12,7 +12,17 @@
 # and the run-to-run spread. Run it on a quiet machine: the programs run one after the other.
 set -euo pipefail
 if [[ $# -lt 1 || ! -f ${1}/model.py ]]; then
-  echo "usage: $0 NANOGPT_DIR [CONFIG ...]  (NANOGPT_DIR/model.py: nanoGPT's model file)" >&2
+  if [[ $# -lt 1 ]]; then why="no NANOGPT_DIR given"
+  elif [[ ! -d $1 ]]; then why="$1: no such folder"
+  else why="$1 has no model.py"; fi
+  cat >&2 <<EOF
+$0: $why.
+The peer (nanoGPT's model.py) is not part of this repository: nothing of nanoGPT is committed here.
+Fetch a karpathy/nanoGPT checkout yourself and pass its folder as the first argument:
+  git clone https://github.com/karpathy/nanoGPT /tmp/nanoGPT
+  $0 /tmp/nanoGPT [CONFIG ...]
+(scripts/bench_speed.sh takes the same folder as its first argument and passes it on.)
+EOF
   exit 2
 fi
 nanogpt=$(cd "$1" && pwd)
@@ -63,7 +73,15 @@ for i in range(13):
     if i >= 3: ts.append(time.perf_counter() - t)
 print(f"{B * S / statistics.median(ts):.0f}")
 PY
-  ) | tail -n 1  # the figure; model.py may print a warning first (slow attention before PyTorch 2.0)
+  ) | sed -n 's/^[[:space:]]*\([0-9][0-9]*\(\.[0-9]*\)\{0,1\}\)[[:space:]]*$/\1/p' | tail -n 1
+  # only a line that is the figure alone: model.py prints other lines ("number of parameters: ...",
+  # "WARNING: using slow attention ..." before PyTorch 2.0), which are not the output looked for
+}
+
+number() {  # WHAT VALUE: VALUE when it is one number, else exit naming WHAT
+  [[ $2 =~ ^[0-9]+(\.[0-9]+)?$ ]] && return 0
+  echo "$0: $1 gave no tokens/s figure (got '${2//$'\n'/ }'); run it by hand to see its output" >&2
+  exit 1
 }
 
 optcc_step() {  # CONFIG PRECISION -> the bench step output
@@ -83,9 +101,11 @@ for config in "${configs[@]}"; do
       if [[ $who == optcc ]]; then
         out=$(optcc_step "$config" "$precision")
         [[ $round == 1 ]] && echo "$out" | sed -n '1,2p'
-        value=$(sed -n 's/.* | \([0-9.]*\) tokens\/s .*/\1/p' <<<"$out")
+        value=$(sed -n 's/.* | \([0-9.]*\) tokens\/s .*/\1/p' <<<"$out" | tail -n 1)
+        number "$OPTCC bench step --config $config --precision $precision" "$value"
       else
-        value=$(peer_step "$precision" "$L" "$H" "$NH" "$S" "$V" "$B")
+        value=$(peer_step "$precision" "$L" "$H" "$NH" "$S" "$V" "$B") || true  # number() says why
+        number "nanoGPT's step ($nanogpt/model.py, $precision)" "$value"
       fi
       got[$run]="${got[$run]:-} $value"
     done
@@ -93,7 +113,21 @@ for config in "${configs[@]}"; do
   "$PYTHON" - "$config (L$L h$H s$S V$V B$B)" "${got[optcc:fp32]}" "${got[optcc:bf16]}" "${got[nanogpt:fp32]}" "${got[nanogpt:bf16]}" <<'PY'
 import sys
 name = sys.argv[1]
-runs = [list(map(float, a.split())) for a in sys.argv[2:6]]
+
+
+def numbers(text):  # the words that are numbers: anything else (a stray warning line) is left out
+    out = []
+    for word in text.split():
+        try:
+            out.append(float(word))
+        except ValueError:
+            pass
+    return out
+
+
+runs = [numbers(a) for a in sys.argv[2:6]]
+if not all(runs):
+    sys.exit(f"{name}: a program gave no tokens/s figure in either round")
 mean = [sum(r) / len(r) for r in runs]
 spread = max(max(r) / min(r) for r in runs)
 of, ob, nf, nb = mean

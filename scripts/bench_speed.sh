@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every CPU speed figure of the README's "Speed" section in one run, one thread (issue 14):
+# Every CPU speed figure of docs/speed.md in one run, one thread:
 #   scripts/bench_speed.sh [NANOGPT_DIR]
 # 1. the training step beside nanoGPT's on bench-mini and bench-small (scripts/bench_peer_step.sh;
 #    without NANOGPT_DIR, optcc's `bench step` alone);
@@ -12,7 +12,7 @@
 set -euo pipefail
 if [[ ${1:-} == -h || ${1:-} == --help ]]; then sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 if [[ $# -ge 1 && ! -f ${1}/model.py ]]; then
-  echo "$0: $1/model.py not found (NANOGPT_DIR holds nanoGPT's model.py, from a checkout you fetched)" >&2
+  echo "$0: $1/model.py not found (NANOGPT_DIR: a karpathy/nanoGPT checkout you fetch yourself, holding model.py; it is not part of this repository)" >&2
   exit 2
 fi
 [[ $# -ge 1 ]] && set -- "$(cd "$1" && pwd)"

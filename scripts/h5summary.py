@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Summarise an optcc results file (harness/records/metrics.h), also while its run is still writing it.
 
-  h5summary.py RUN.h5                      root attributes, then every series group: rows, unit, last values
+  h5summary.py RUN.h5                      the result first, in a few lines: the run, what it compresses,
+                                           its final validation loss and ppl, tokens/s, bytes per step
+  h5summary.py RUN.h5 --full               root attributes, then every series group: rows, unit, last values
   h5summary.py RUN.h5 --series train/loss  one series, a row per line (with its group's step when it has one)
   h5summary.py RUN.h5 --series train       the whole table, tab-separated, one column per dataset
 
@@ -134,9 +136,36 @@ def print_traffic(f):
     print("   all " + " ".join(f"{totals[k] / 1e6:16.3f}" for k in keys))
 
 
+def print_short(path):
+    """The run's result in a few lines (scripts/optcc_results.py reads it as the figures do)."""
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import optcc_results as R
+    run = R.Run.from_paths([path])
+    status, why = run.status()
+    print(f"{path}: run {run.name}, {status}" + (f" ({why})" if why else f" at step {run.last_step}"))
+    print(f"  compresses: {run.compression or run.scheme + ' (scheme; compression not recorded)'}; "
+          f"layout {run.attr('layout', '?')}")
+    final = run.final_eval()
+    if final:
+        print(f"  final validation loss {final[1]:.4f} nats, ppl {final[2]:.2f} (step {final[0]})")
+    else:
+        print("  no validation yet (train.eval_interval)")
+    seconds, tokens = run.step_time()
+    if seconds == seconds:
+        print(f"  speed: {tokens:,.0f} tokens/s, {seconds:.3f} s/step (median after the third step)")
+    sent = run.bytes_per_step()
+    if sent:
+        data = sum(sent[c] for c in R.DATA_CLASSES)
+        parts = ", ".join(f"{c} {sent[c] / 1e6:.3f}" for c in R.DATA_CLASSES if sent[c])
+        print(f"  sent per step, all ranks: {data / 1e6:.3f} MB ({parts or 'nothing'})")
+    print(f"  the whole file: {sys.argv[0]} {path} --full")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("file", help="results file written by optcc (one per run)")
+    ap.add_argument("--full", action="store_true", help="every attribute and series group, not the short result")
     ap.add_argument("--series", help="a dataset (train/loss) or a group (train) to print in full")
     ap.add_argument("--last", type=int, default=3, help="values shown per series in the summary (3)")
     ap.add_argument("--lines", type=int, default=5, help="lines shown of multi-line attributes (5)")
@@ -144,6 +173,9 @@ def main():
     with open_results(args.file) as f:
         if args.series:
             print_series(f, args.series.strip("/"))
+        elif not args.full:
+            f.close()
+            print_short(args.file)
         else:
             print_root(f, args.lines)
             print_groups(f, args.last)

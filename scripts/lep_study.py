@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The LEP study's tables and figures (issue 16; experiments/lep-study/*.yaml), into paper/lep-study/.
+"""The LEP study's tables and figures (experiments/lep-study/*.yaml), into paper/lep-study/.
 
   lep_study.py [--results DIR] [--out DIR]
 
@@ -106,7 +106,7 @@ class Cell:
         self.ref, self.why = FC.reference(self.configs)
         self.by_key = {}  # (variant, rank) -> Configuration
         for c in self.configs:
-            m = NAME.match(c.label.replace(" (partial)", ""))
+            m = NAME.match(FC.name_stem(c) or "")  # the grid's variant-rank part (labels say what it compresses)
             if m and c is not self.ref:
                 self.by_key[(m["variant"], int(m["rank"]))] = c
         self.ranks = sorted({r for _, r in self.by_key})
@@ -126,7 +126,7 @@ def study_tables(cells):
     columns = [(c, r) for c in cells for r in c.ranks]
     head = ["variant"] + [f"{c.name} r{r}" for c, r in columns]
     diff = Table("LEP study: final validation loss minus the baseline's at the same seed (nats)", head, [])
-    diag = Table("LEP diagnostics per variant and cell (issue 16)",
+    diag = Table("LEP diagnostics per variant and cell",
                    ["variant", "cell"] + [label for _, label in DIAGNOSTICS] + ["sends (last half)"], [])
     points = []  # (diagnostics, paired difference, configuration) for predictors.md
     paired = {}  # (variant, cell, rank) -> {seed: diff}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The LEP study's training runs (issue 16; experiments/lep-study/*.yaml), one at a time, into the
+# The LEP study's training runs (experiments/lep-study/*.yaml), one at a time, into the
 # committed results/reference/lep-study-<cell>/, so that a study longer than one machine's life
 # goes on where it stopped: each finished run's .h5 (gzip-compacted, scripts/compact_results.py)
 # and its .done marker are committed, and slurm/local skips runs whose .done exists (a run with
@@ -40,7 +40,7 @@ for seed in "${seeds[@]}"; do
     [ -e "$dir/$name.done" ] && continue
     pause
     echo "== $(date -u +%H:%M:%S) $cell/$name"
-    if slurm/local "$exp" --only "^$name\$"; then
+    if slurm/local "$exp" --only "run=$name"; then
       "$PYTHON" scripts/compact_results.py "$dir/$name"*.h5
       rm -rf "${dir:?}/ckpt/$name"
     else

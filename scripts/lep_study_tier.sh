@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The LEP study (issue 16; paper/lep-study.md) in its tiers, seed by seed across the cells, so each
+# The LEP study (paper/lep-study.md) in its tiers, seed by seed across the cells, so each
 # finished seed is a complete paired comparison in every cell of the tier:
 #   scripts/lep_study_tier.sh TIER [SEED ...]
 #     1  CB rank 16, the baseline and every variant, PP2 m8 and PP4 m16 (36 runs)

@@ -55,7 +55,7 @@ STATUSES = ["complete", "partial", "failed"]
 NON_CONFIG_KEYS = [("train", "seed"), ("log", "run_name"), ("log", "dir"), ("log", "level"),
                    ("checkpoint", "dir")]
 
-# `optcc eval` writes <run>.eval-<step>[.attempt-N].h5 next to the run (harness/tools/eval_checkpoint.h):
+# `optcc eval` writes <run>.eval-<step>[.attempt-N].h5 next to the run (harness/checkpoints/eval_checkpoint.h):
 # an evaluation of a checkpoint, not a run's records; find_runs leaves these files out.
 EVAL_FILE = re.compile(r"\.eval-\d+(?:\.attempt-\d+)?\.h5$")
 RUN_FILE = re.compile(r"^(?P<run>.+?)(?:\.resumed-(?P<step>\d+))?(?:\.attempt-(?P<attempt>\d+))?\.h5$")
@@ -218,6 +218,13 @@ class Run:
     @property
     def scheme(self):
         return self.attr("compression_scheme", "(none)")
+
+    @property
+    def compression(self):
+        """What the run compresses, as optcc labelled it (root attribute `compression`: `baseline`,
+        a scheme's name, or the acting settings such as `dp=powersgd(rank=4)`; compression_label in
+        harness/config/config.h). "" for files written before optcc recorded it."""
+        return self.attr("compression", "")
 
     @property
     def last_step(self):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mixed precision against fp32 on the main job (README "Mixed precision"): experiments/demo-3d.yaml (TP2 x PP2 x DP2,
+# Mixed precision against fp32 on the main job (docs/configuration.md, "Mixed precision"): experiments/demo-3d.yaml (TP2 x PP2 x DP2,
 # 8 local ranks, 300 steps, real corpus) once per precision, same seed, then the validation losses
 # of both side by side.
 #   scripts/precision_runs.sh [PRECISION[:GRAD_REDUCE_DTYPE] ...]      default: fp32 bf16

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Table 2's cpu-scale rows at another precision beside the committed fp32 rows (README "Mixed precision"):
+# Table 2's cpu-scale rows at another precision beside the committed fp32 rows (docs/configuration.md, "Mixed precision"):
 #   scripts/precision_table2.sh [PRECISION [SEED [SCHEME ...]]]    default: bf16 1 baseline cb_fe_sc
 # Each run is experiments/table2.yaml's cpu scale (experiments/schemes/mini-3d.yaml, TP2 x PP2 x
 # DP2, 300 steps; cb_fe_sc with DP PowerSGD rank 16) with train.precision set, into

@@ -14,8 +14,8 @@ import subprocess
 import sys
 
 MODELS = [
-    ("GPT-2.5B", "experiments/paper/gpt-2.5b.yaml", "TP8 x PP4 x DP4, 128 GPUs, m = 16 (spec §8.1)"),
-    ("GPT-8.3B", "experiments/paper/gpt-8.3b.yaml", "TP8 x PP4 x DP4, 128 GPUs, m = 16 (spec §8.1)"),
+    ("GPT-2.5B", "experiments/paper/gpt-2.5b.yaml", "TP8 x PP4 x DP4, 128 GPUs, m = 16 (docs/design.md §8.1)"),
+    ("GPT-8.3B", "experiments/paper/gpt-8.3b.yaml", "TP8 x PP4 x DP4, 128 GPUs, m = 16 (docs/design.md §8.1)"),
     ("GPT-175B", "experiments/paper/gpt-175b.yaml", "TP8 x PP16 x DP4, 512 GPUs, m = 64 (see the config)"),
 ]
 PROFILES = ["paper-a100-ib200", "h100-ndr400x8"]
@@ -63,7 +63,7 @@ def main():
         "# Projected iteration time per scheme (scale simulator)",
         "",
         "Written by `scripts/projections.py` (`make projections`) from `optcc simulate --json --recompute "
-        "--reference-powersgd` (harness/tools/simulator.h): a discrete-event replay of one iteration "
+        "--reference-powersgd` (harness/perfmodel/simulator.h): a discrete-event replay of one iteration "
         "(1F1B, every micro-batch's forward and backward, TP all-reduces, p2p messages, DP and embedding "
         "collectives, compression arithmetic, shared NICs) with the traffic model's bytes. Predictions, "
         "not measurements: nothing here ran on these clusters.",
@@ -92,7 +92,7 @@ def main():
         "",
         f"CB+FE+SC over the baseline: on the paper's cluster profile {a}; on the H100 profile {h}. "
         "The paper claims CB+FE+SC gives a real speed-up on its cluster (its Table 2 numbers are not known "
-        "here, spec §11); the simulator agrees in direction: with one 200 Gb/s HCA per 8 GPUs the DP and "
+        "here, docs/design.md §11); the simulator agrees in direction: with one 200 Gb/s HCA per 8 GPUs the DP and "
         "embedding all-reduces after the pipeline are the inter-node time that FE and SC remove. On the "
         "H100 profile every GPU has its own 400 Gb/s NIC (16x the inter-node bandwidth per GPU) while "
         "compute is 3.2x faster, so the inter-node share and with it the gain from compression shrink. "

@@ -7,7 +7,8 @@
 # it cannot. About 4.5 hours on 2 cores from nothing (30 minutes without table2, table4 and fig11), one
 # training run at a time.
 #   scripts/reference_results.sh [PART ...]     PART: table2 table4 fig11 fig12 fig10 compressors-dp fig14
-#                                               (default: all; a part's folder is emptied first)
+#                                               (default: all; a part's folder is emptied first,
+#                                               but for its ABOUT.txt: real runs or placeholder, and why)
 # Then every results file is compacted (scripts/compact_results.py: gzip, same values) and
 # `make figures` regenerates paper/. Environment: OPTCC (default build/optcc), BENCH (default
 # build/tests/bench/bench_compression), PYTHON (default /usr/bin/python3), CKPT (checkpoint root,
@@ -40,7 +41,13 @@ train() {
   grep -E "eval .*step|done:" "$log" | tail -2
 }
 
-fresh() { rm -rf "${OUT:?}/$1" "${CKPT:?}/$1"; mkdir -p "$OUT/$1"; }
+fresh() {  # empties results/reference/$1 but for its ABOUT.txt (what its runs are, for the figures' footnotes)
+  local about=
+  if [ -f "$OUT/$1/ABOUT.txt" ]; then about=$(cat "$OUT/$1/ABOUT.txt"); fi
+  rm -rf "${OUT:?}/$1" "${CKPT:?}/$1"
+  mkdir -p "$OUT/$1"
+  if [ -n "$about" ]; then printf '%s\n' "$about" >"$OUT/$1/ABOUT.txt"; fi
+}
 
 # from_experiment EXP [slurm/local options...]: the real cpu-scale runs of experiments/EXP.yaml,
 # copied from results/EXP/ (slurm/local runs whatever is not finished there: runs with .done files

@@ -11,6 +11,8 @@ winning (scripts/optcc_results.py explains the merge and the statuses). Columns:
   last_step          last training step on disk;  train_steps: the config's train.train_steps
   final_valid_loss   last /eval row (nats), its ppl and its step
   final_valid_ppl, eval_step
+  compression        what the run compresses (root attribute compression: baseline, a scheme's
+                     name, or e.g. dp=powersgd(rank=4); "" in files written before it was recorded)
   scheme, seed, layout      compression_scheme, train.seed, "tp=.. pp=.. dp=.."
   step_seconds       median over the steps after the third (timeline steps left out);
   tokens_per_second  the same for tokens/s
@@ -36,7 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import optcc_results as R  # noqa: E402
 
 COLUMNS = ["experiment", "run", "status", "last_step", "train_steps", "final_valid_loss", "final_valid_ppl",
-           "eval_step", "scheme", "seed", "layout", "step_seconds", "tokens_per_second", "bytes_per_step",
+           "eval_step", "compression", "scheme", "seed", "layout", "step_seconds", "tokens_per_second", "bytes_per_step",
            "config_hash", "configuration", "git_revision", "start_time", "files", "note"]
 
 
@@ -47,7 +49,8 @@ def number(x):
 def index_row(run, results_dir):
     status, reason = run.status()
     row = {"experiment": run.experiment, "run": run.name, "status": status, "last_step": run.last_step,
-           "train_steps": run.train_steps if run.config else "", "scheme": run.attr("compression_scheme"),
+           "train_steps": run.train_steps if run.config else "", "compression": run.compression if run.files else "",
+           "scheme": run.attr("compression_scheme"),
            "seed": run.seed if run.config else "", "layout": run.attr("layout"),
            "config_hash": run.config_hash() if run.files else "",
            "configuration": run.configuration_hash() if run.config else "",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The emulated-cluster scheme comparison (issue 11): baseline, cb, cb_fe, cb_fe_sc on
+# The emulated-cluster scheme comparison: baseline, cb, cb_fe, cb_fe_sc on
 # experiments/emulation/mini-3d-paper-regime.yaml (8 local ranks, links emulated as the paper's
 # cluster; the file's header explains the numbers), one run after the other, then the table of
 # median step times, speed-ups and Fig. 10 breakdowns (scripts/emulation_table.py), and the

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Predicted (optcc simulate) vs measured (emulated runs) step time per scheme (issue 13, item 6).
+"""Predicted (optcc simulate) vs measured (emulated runs) step time per scheme.
 
   simulator_validation.py RUN.h5 [RUN.h5 ...] [--config C] [--profile this-machine]
                           [--dp-rank 16] [--max-error 0.15] [--optcc build/optcc] [--json]

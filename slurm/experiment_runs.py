@@ -11,7 +11,8 @@ Environment (all optional; slurm/submit and slurm/local document the same list):
   OPTCC_RESULTS      the results root (default results): a run writes OPTCC_RESULTS/<experiment>/<run>.h5;
                      any other value adds --set log.dir=... and --set checkpoint.dir=... to each run, so
                      its results and checkpoints go there instead (tests use a temporary directory)
-  OPTCC_FIGURES      where make_figures.py writes (default paper)
+  OPTCC_FIGURES      where make_figures.py writes (default paper; OPTCC_RESULTS/figures when
+                     OPTCC_RESULTS is set to another place, so a trial leaves nothing in the repository)
 
 A run of kind train is `optcc train <args> <extra> --resume auto`; a run of kind benchmark is its
 program with the sweep's options (extra train args are not passed to it), one process.
@@ -42,7 +43,8 @@ class Settings:
         default_python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else "python3"
         self.python = env.get("PYTHON", default_python)
         self.results = env.get("OPTCC_RESULTS", "results")
-        self.figures = env.get("OPTCC_FIGURES", "paper")
+        # A trial's figures go with its results (one place, given once); the repository's otherwise.
+        self.figures = env.get("OPTCC_FIGURES", os.path.join(self.results, "figures") if self.redirected() else "paper")
 
     def redirected(self):
         """True when results go somewhere else than the experiment files' results/."""
@@ -96,6 +98,8 @@ class Run:
         self.kind = run.get("kind", "train")  # train | benchmark (args start with the program)
         self.world_size = run["world_size"]
         self.args = list(run["args"])
+        self.axes = dict(run.get("axes") or {})       # grid axis -> this run's value
+        self.compression = run.get("compression") or ""  # what it compresses (optcc's compression label)
         experiment_dir = os.path.relpath(plan["results_dir"], "results")
         self.results_dir = os.path.join(settings.results, experiment_dir)
         self.results = os.path.join(self.results_dir, os.path.basename(run["results"]))
@@ -181,19 +185,85 @@ def check_extra(extra):
                  "--only, --dry-run)")
 
 
-def select_runs(runs, pattern, experiment):
-    """The runs whose name matches the regular expression `pattern` (re.search; all when None).
-    Calls fail() for a bad expression or one that matches no run."""
-    if not pattern:
-        return runs
-    try:
-        rx = re.compile(pattern)
-    except re.error as e:
-        fail(f"--only {pattern!r}: not a regular expression ({e}); e.g. --only 'r16|baseline'")
-    out = [r for r in runs if rx.search(r.name)]
-    if not out:
-        fail(f"--only {pattern!r} matches no run of {experiment} (the names: optcc sweep {experiment} --scale ...)")
+def parse_only(terms, runs, experiment):
+    """`--only` terms, `AXIS=VALUE[,VALUE...]` each (the grid's own axis names and values, as
+    `optcc sweep EXP` lists them; `run=NAME[,NAME...]` names runs), as {axis: set of values}. Calls
+    fail() for a term that is not AXIS=VALUES, an unknown axis or an unknown value, naming the
+    experiment's axes and values."""
+    axes = {}
+    for r in runs:
+        for axis, value in r.axes.items():
+            values = axes.setdefault(axis, [])
+            if value not in values:
+                values.append(value)
+    axes["run"] = [r.name for r in runs]
+    known = "; ".join(f"{a}: {', '.join(v)}" for a, v in axes.items() if a != "run")
+    wanted = {}
+    for term in terms:
+        axis, eq, values = term.partition("=")
+        if not eq or not values:
+            fail(f"--only {term!r}: a selection is AXIS=VALUE[,VALUE...] (the grid's axes and values; "
+                 f"{experiment} has {known}), e.g. --only {next(iter(axes))}={axes[next(iter(axes))][0]}")
+        if axis not in axes:
+            fail(f"--only {term!r}: {experiment} has no grid axis {axis!r}. Its axes: {known} (or run=NAME)")
+        chosen = []
+        for v in (v for v in values.split(",") if v):
+            # A values axis names its runs label + value (seed1): seed=1 means that one.
+            part = v if v in axes[axis] else axis + v if axis + v in axes[axis] else None
+            if part is None:
+                fail(f"--only {term!r}: axis {axis} has no value {v!r}. Its values: {', '.join(axes[axis])}")
+            chosen.append(part)
+        wanted.setdefault(axis, set()).update(chosen)
+    return wanted
+
+
+def compression_axes(runs):
+    """The grid axes whose value changes what a run compresses (its `compression` label): e.g. dp in
+    the compressor comparison, not seed."""
+    out = set()
+    for axis in {a for r in runs for a in r.axes}:
+        for r in runs:
+            for o in runs:
+                same_elsewhere = all(o.axes.get(a) == v for a, v in r.axes.items() if a != axis)
+                if same_elsewhere and o.axes.get(axis) != r.axes.get(axis) and o.compression != r.compression:
+                    out.add(axis)
     return out
+
+
+def select_runs(runs, terms, experiment):
+    """(selected runs in grid order, note). `terms` are --only's AXIS=VALUES (parse_only); a run is
+    selected when its value is chosen on every axis named (all runs when there are no terms). A
+    comparison always has its reference: the experiment's uncompressed runs (compression label
+    `baseline`) equal to a selected run on every axis that does not change compression (e.g. the
+    same seed) are added when the selection lacks them; runs named with run=... are taken as they
+    are. The note says what was added, or that there is no uncompressed run to compare with. Calls
+    fail() for bad terms or a selection of no run."""
+    if not terms:
+        return runs, ""
+    wanted = parse_only(terms, runs, experiment)
+
+    def matches(r, axes):
+        return all((r.name if a == "run" else r.axes.get(a)) in wanted[a] for a in axes)
+    out = [r for r in runs if matches(r, wanted)]
+    if not out:
+        fail(f"--only {' '.join(terms)} selects no run of {experiment} (no run has all those values; "
+             f"`optcc sweep {experiment}` lists the runs)")
+    if "run" in wanted:  # runs named one by one: exactly those
+        return out, ""
+    baseline = [r for r in runs if r.compression == "baseline"]
+    if not baseline:
+        return out, (f"{experiment} has no uncompressed run: the comparison is against its first configuration"
+                     if any(r.compression for r in runs) else "")
+    fixed = [a for a in {a for r in runs for a in r.axes} if a not in compression_axes(runs)]
+
+    def same_setting(b, r):  # equal on every axis that does not change compression (e.g. the seed)
+        return all(b.axes.get(a) == r.axes.get(a) for a in fixed)
+    added = [b for b in baseline if b not in out and any(same_setting(b, r) for r in out)]
+    out = [r for r in runs if r in out or r in added]
+    if not any(r.compression == "baseline" for r in out):
+        return out, "no uncompressed run matches the selection: the comparison is against its first configuration"
+    note = f"added the uncompressed reference: {', '.join(r.name for r in added)}" if added else ""
+    return out, note
 
 
 def warn_other_extra(runs, extra):

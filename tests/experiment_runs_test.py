@@ -28,9 +28,15 @@ NAMES = ["baseline-seed1", "lazy-r16-seed1", "lazy-r64-seed1", "off-r16-seed1"]
 
 
 def plan(names):
-    return {"results_dir": "results/exp", "runs": [
-        {"index": i, "run": n, "world_size": 2, "args": ["train", "--config", "x.yaml"],
-         "results": f"results/exp/{n}.h5", "checkpoint_dir": f"results/exp/ckpt/{n}"} for i, n in enumerate(names)]}
+    """Runs named AXISVALUE-seedN as `optcc sweep --json` gives them: axes {variant, seed}, and the
+    compression label (baseline for the variant `baseline`)."""
+    def run(i, n):
+        variant, _, seed = n.rpartition("-") if "-" in n else (n, "", "seed1")  # seed: the part seedN
+        return {"index": i, "run": n, "world_size": 2, "args": ["train", "--config", "x.yaml"],
+                "results": f"results/exp/{n}.h5", "checkpoint_dir": f"results/exp/ckpt/{n}",
+                "axes": {"variant": variant, "seed": seed},
+                "compression": "baseline" if variant == "baseline" else f"pipeline_backward=lowrank({variant})"}
+    return {"results_dir": "results/exp", "runs": [run(i, n) for i, n in enumerate(names)]}
 
 
 class RunnerRulesTest(unittest.TestCase):
@@ -43,14 +49,33 @@ class RunnerRulesTest(unittest.TestCase):
     def tearDown(self):
         self.tmp.cleanup()
 
-    def test_only_selects_by_name(self):
-        self.assertEqual([r.name for r in er.select_runs(self.runs, "r16|baseline", "exp.yaml")],
-                         ["baseline-seed1", "lazy-r16-seed1", "off-r16-seed1"])
-        self.assertEqual(len(er.select_runs(self.runs, None, "exp.yaml")), 4)
-        for bad in ("(", "nothing-matches"):
+    def test_only_selects_by_grid_values_and_adds_the_uncompressed_reference(self):
+        p = plan([f"{v}-seed{s}" for s in (1, 2) for v in ("baseline", "lazy-r16", "off-r16")])
+        runs = [er.Run(self.settings, p, r) for r in p["runs"]]
+        names = lambda sel: [r.name for r in sel[0]]  # noqa: E731
+        # The reference of the same seed joins; the other seed's does not.
+        self.assertEqual(names(er.select_runs(runs, ["variant=lazy-r16,off-r16", "seed=2"], "exp.yaml")),
+                         ["baseline-seed2", "lazy-r16-seed2", "off-r16-seed2"])
+        self.assertIn("baseline-seed2", er.select_runs(runs, ["variant=off-r16", "seed=2"], "exp.yaml")[1])
+        self.assertEqual(names(er.select_runs(runs, ["variant=off-r16"], "exp.yaml")),
+                         ["baseline-seed1", "off-r16-seed1", "baseline-seed2", "off-r16-seed2"])
+        self.assertEqual(er.select_runs(runs, ["variant=baseline", "seed=1"], "exp.yaml"), ([runs[0]], ""))
+        self.assertEqual(names(er.select_runs(runs, ["run=off-r16-seed1"], "exp.yaml")), ["off-r16-seed1"])
+        self.assertEqual(len(er.select_runs(runs, None, "exp.yaml")[0]), 6)
+        self.assertEqual(er.compression_axes(runs), {"variant"})
+        # Without an uncompressed run the note says what the comparison is against.
+        q = plan(["lazy-r16-seed1", "off-r16-seed1"])
+        only = [er.Run(self.settings, q, r) for r in q["runs"]]
+        self.assertIn("no uncompressed run", er.select_runs(only, ["variant=off-r16"], "exp.yaml")[1])
+        for bad, said in ((["r16|baseline"], "AXIS=VALUE"), (["dp=powersgd_r4"], "no grid axis 'dp'"),
+                          (["variant=lazy-r64"], "no value 'lazy-r64'"), (["seed="], "AXIS=VALUE"),
+                          (["variant=lazy-r16", "seed=1", "run=off-r16-seed2"], "selects no run")):
             with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
-                er.select_runs(self.runs, bad, "exp.yaml")
+                er.select_runs(runs, bad, "exp.yaml")
             self.assertIn("--only", err.getvalue())
+            self.assertIn(said, err.getvalue())
+            if said in ("AXIS=VALUE", "no grid axis 'dp'"):
+                self.assertIn("variant: baseline, lazy-r16, off-r16; seed: seed1, seed2", err.getvalue())
 
     def test_extra_arguments_are_set_or_resume(self):
         er.check_extra(["--set", "train.train_steps=20", "--set=log.interval=5", "--resume", "--resume", "auto"])
@@ -150,9 +175,12 @@ class StopSignalTest(unittest.TestCase):
             with open(log) as f:
                 self.assertEqual(f.read().split(), ["requeue", "4711"])
             env.pop("SLURM_JOB_ID")
-            code, out = self.run_stoppable(env)
-            self.assertEqual(code, 75, out)
-            self.assertIn("run the same command again to resume", out)
+            # The child may end, and bash reap it, before stoppable looks again after its trap ran (a
+            # loaded machine: stoppable returned 138, the signal's code, instead of the child's 75).
+            for _ in range(8):
+                code, out = self.run_stoppable(env)
+                self.assertEqual(code, 75, out)
+                self.assertIn("run the same command again to resume", out)
 
 
 class SbatchOptionsTest(unittest.TestCase):

@@ -130,7 +130,7 @@ def build_results(root):
     write_file(os.path.join(exp, "cb_fe-seed1.h5"), attrs_of("cb_fe", 1, "cb_fe-seed1", "2026-01-01T00:00:00Z"),
                run_rows("cb_fe", 1, 1, 6, None))
     write_file(os.path.join(exp, "empty.h5"), attrs_of("baseline", 9, "empty", "2026-01-01T00:00:00Z"), {})
-    # `optcc eval` output next to its run (harness/tools/eval_checkpoint.h): not a run of its own
+    # `optcc eval` output next to its run (harness/checkpoints/eval_checkpoint.h): not a run of its own
     for name in ("baseline-seed1.eval-10.h5", "baseline-seed1.eval-10.attempt-2.h5"):
         with h5py.File(os.path.join(exp, name), "w") as f:
             f.attrs["kind"] = "eval_checkpoint"
@@ -149,6 +149,18 @@ def build_results(root):
         write_file(os.path.join(abl, f"run-seed{seed}.h5"), a, run_rows("cb", seed, 1, STEPS, (5.0 + rank / 100, 150.0)))
     with open(os.path.join(abl, "broken.h5"), "wb") as f:
         f.write(b"")
+    # A compressor comparison: every run says scheme baseline; what each compresses is optcc's
+    # `compression` attribute, and the uncompressed run is the reference though it sorts last.
+    comp = os.path.join(root, "compressors")
+    os.makedirs(comp)
+    for name, label, final in (("a_topk", "dp=topk(fraction=0.01)", 5.3), ("b_powersgd", "dp=powersgd(rank=4)", 5.2),
+                               ("z_none", "baseline", 5.1)):
+        a = attrs_of("baseline", 1, f"{name}-seed1", "2026-01-01T00:00:00Z")
+        a["compression"] = label
+        cfg = yaml.safe_load(a["config"])
+        cfg["compression"]["dp"] = {"name": name[2:], "rank": 4}  # differ in config, as such runs do
+        a["config"] = yaml.safe_dump(cfg)
+        write_file(os.path.join(comp, f"{name}-seed1.h5"), a, run_rows("baseline", 1, 1, STEPS, (final, math.exp(final))))
 
 
 def write_benchmark(path):
@@ -197,7 +209,7 @@ class FiguresTest(unittest.TestCase):
 
     def test_index_statuses_and_steps(self):
         rows = self.index()
-        rows = {k: v for k, v in rows.items() if k[0] != "ablation"}
+        rows = {k: v for k, v in rows.items() if k[0] not in ("ablation", "compressors")}
         self.assertEqual(sorted(rows), [("", "loose"), ("exp", "baseline-seed1"), ("exp", "baseline-seed2"),
                                         ("exp", "baseline-seed3"), ("exp", "broken"), ("exp", "cb-seed1"),
                                         ("exp", "cb-seed2"), ("exp", "cb_fe-seed1"), ("exp", "empty")])
@@ -208,7 +220,9 @@ class FiguresTest(unittest.TestCase):
         self.assertEqual(rows[("exp", "cb_fe-seed1")]["note"], "step 6 of 10")
         self.assertEqual(rows[("exp", "empty")]["note"], "no training step flushed")
         self.assertIn("no readable file", rows[("exp", "broken")]["note"])
-        self.assertIn("12 runs (8 complete, 1 partial, 3 failed)", self.index_run.stdout)
+        self.assertIn("15 runs (11 complete, 1 partial, 3 failed)", self.index_run.stdout)
+        self.assertEqual(self.index()[("compressors", "b_powersgd-seed1")]["compression"], "dp=powersgd(rank=4)")
+        self.assertEqual(rows[("exp", "cb-seed1")]["compression"], "")  # not recorded in these files
 
     def test_index_final_values_exact(self):
         rows = self.index()
@@ -307,7 +321,25 @@ class FiguresTest(unittest.TestCase):
             md = f.read()
         rows = [l.split(" | ")[0].lstrip("| ") for l in md.splitlines() if l.startswith("| rank=")]
         self.assertEqual(rows, ["rank=4", "rank=16"])  # numeric order; the unreadable file adds no key
-        self.assertIn("- reference: rank=4 (the first configuration); configurations differ in: compression.pipeline_backward.rank", md)
+        self.assertIn("- reference: rank=4 (no uncompressed run in this experiment: the first configuration); "
+                      "configurations differ in: compression.pipeline_backward.rank", md)
+
+    def test_compressor_comparison_names_runs_by_what_they_compress(self):
+        with open(os.path.join(self.paper, "compressors", "table.md")) as f:
+            md = f.read()
+        rows = [l.split(" | ")[0].lstrip("| ") for l in md.splitlines() if l.startswith("| ") and "---" not in l][1:]
+        self.assertEqual(rows, ["baseline", "dp=powersgd(rank=4)", "dp=topk(fraction=0.01)"])  # reference first
+        self.assertIn("- reference: baseline (no compression)", md)
+        files = [os.path.join(self.results, "compressors", f"{n}-seed1.h5") for n in ("a_topk", "z_none")]
+        r = script("scheme_table.py", *files)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = r.stdout.splitlines()
+        self.assertIn("z_none-seed1.h5 (uncompressed)", lines[0])
+        self.assertTrue(lines[4].startswith("| baseline | 10 | 5.1000 |"), r.stdout)
+        self.assertTrue(lines[5].startswith(f"| dp=topk(fraction=0.01) | 10 | 5.3000 | {math.exp(5.3):.2f} | "
+                                            f"{100 * (math.exp(5.3) / math.exp(5.1) - 1):+.2f}% |"), r.stdout)
+        r = script("scheme_table.py", files[0])
+        self.assertIn("the first file (no uncompressed run given)", r.stdout)
 
     def test_compact_keeps_every_value(self):
         import shutil

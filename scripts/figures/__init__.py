@@ -1,4 +1,4 @@
-"""The figures and tables of scripts/make_figures.py, one module per family (issue 12):
+"""The figures and tables of scripts/make_figures.py, one module per family:
 
   configs   runs grouped into configurations, the reference configuration, per-configuration and
             paired-by-seed statistics (no plotting; scripts/lep_study.py uses it too)

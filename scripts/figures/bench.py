@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 
-from figures.output import Table, plt
+from figures.output import Table, about, footnote, plt
 
 FIG14 = re.compile(r"^(?P<kind>codec|reducer)/(?P<name>[^/]+)/(?P<op>[^/]+)/fig14/(?P<shape>\d+x\d+)(?:/r(?P<r>\d+))?$")
 
@@ -30,7 +30,19 @@ def benchmark_points(doc):
     return {k: {r: float(np.median(v)) for r, v in d.items()} for k, d in sorted(raw.items())}
 
 
-def fig14_outputs(title, doc):
+def repetitions(doc):
+    """The most repetitions of one fig14 benchmark in the JSON (iteration entries per run name)."""
+    counts = {}
+    for e in doc.get("benchmarks", []):
+        base = e.get("run_name", e.get("name", ""))
+        if e.get("run_type", "iteration") == "iteration" and FIG14.match(base):
+            counts[base] = counts.get(base, 0) + 1
+    return max(counts.values(), default=0)
+
+
+def fig14_outputs(title, doc, note=""):
+    """(figure, table) of a benchmark JSON called `title` (its path under the results folder, without
+    .json); `note` (the folder's ABOUT.txt) goes into the figure's footnote."""
     pts = benchmark_points(doc)
     ranked = {k: v for k, v in pts.items() if any(r is not None for r in v)}
     if not ranked:
@@ -48,6 +60,11 @@ def fig14_outputs(title, doc):
     axes[0][0].legend()
     fig.suptitle(f"{title}: compression throughput against rank (Fig. 14)", y=1.02)
     ranks = sorted({r for d in ranked.values() for r in d if r is not None})
+    reps = repetitions(doc)
+    text = (f"{title}.json: {sum(len([r for r in d if r is not None]) for d in ranked.values())} benchmarks "
+            f"({len(ranked)} compressor and shape series, ranks {', '.join(map(str, ranks))}), "
+            + (f"median of {reps} repetitions each" if reps > 1 else "one repetition each"))
+    footnote(fig, text + (f". {note}" if note else ""))
     header = ["compressor", "shape"] + [f"r={r}" for r in ranks]
     body = [[n, s] + [f"{d[r]:.2f}" if r in d else "" for r in ranks] for (n, s), d in ranked.items()]
     others = [[n, s, f"{d[None]:.2f}"] for (n, s), d in pts.items() if (n, s) not in ranked and None in d]
@@ -89,7 +106,7 @@ def bench_figures(args, wanted, out):
               "--benchmark_out_format=json)")
     for rel, doc in benches:
         try:
-            fig, table = fig14_outputs(rel, doc)
+            fig, table = fig14_outputs(rel, doc, about(os.path.dirname(os.path.join(args.results, rel))))
         except Exception as e:  # noqa: BLE001
             print(f"make_figures: {rel}.json: FAILED fig14: {type(e).__name__}: {e}")
             errors += 1

@@ -112,6 +112,12 @@ def label_configurations(experiment, configs, known, varying):
     if known and None not in stems and len(set(stems)) == len(stems):  # the sweep's names: grid values
         for c, stem in zip(known, stems):
             c.label = stem
+    compression = [c.runs[0].compression for c in known]
+    if known and all(compression):  # what each compresses (optcc's label), told apart where it repeats
+        for c, label in zip(known, compression):
+            if compression.count(label) > 1 and c.label != label:
+                label = f"{label} [{c.label}]"
+            c.label = label
 
 
 def group_configurations(experiment, runs):
@@ -135,19 +141,23 @@ def group_configurations(experiment, runs):
 
 
 def reference(configs):
-    """(configuration, why) the others are compared with: the first without any compression (as the
-    baseline scheme is), else the first with compression.scheme = baseline, else the first."""
+    """(configuration, why) the others are compared with: the first that compresses nothing (optcc's
+    compression label `baseline`; for files written before optcc recorded it, every compressor of
+    the stored config `none` and no FE), else the first, and `why` says there is no uncompressed
+    run."""
     def off(spec):  # a CompressorSpec as the effective config writes it: none, fp16, {name: ..., ...}
         return spec in (None, "none") or (isinstance(spec, dict) and spec.get("name") == "none")
-    for c in configs:
+
+    def uncompressed(c):
+        if c.runs[0].compression:
+            return c.runs[0].compression == "baseline"
         comp = c.runs[0].configuration().get("compression") or {}
-        if all(off(comp.get(k)) for k in ("dp", "pipeline_backward", "pipeline_forward", "embedding", "tp")) \
-                and not comp.get("fused_embedding", False):
-            return c, "no compression"
+        return all(off(comp.get(k)) for k in ("dp", "pipeline_backward", "pipeline_forward", "embedding", "tp")) \
+            and not comp.get("fused_embedding", False)
     for c in configs:
-        if c.flat.get("compression.scheme") == "baseline":
-            return c, "compression.scheme = baseline"
-    return configs[0], "the first configuration"
+        if uncompressed(c):
+            return c, "no compression"
+    return configs[0], "no uncompressed run in this experiment: the first configuration"
 
 
 # --- per-configuration statistics ---------------------------------------------------------------

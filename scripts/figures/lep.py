@@ -1,7 +1,7 @@
 """Fig. 11: the LEP error against the activation change (/lep_orthogonality)."""
 import numpy as np
 
-from figures.output import Table, plt
+from figures.output import Table, footnote, plt, runs_note
 from figures.quality import draw
 
 def _per_step_mean(abs_value=False):
@@ -26,6 +26,8 @@ def orthogonality_outputs(experiment, configs):
     axes[0].set_ylim(bottom=0)
     axes[0].legend()
     fig.suptitle(f"{experiment}: LEP error against activation change (Fig. 11)", y=1.02)
+    footnote(fig, runs_note(experiment, have,
+                            lambda c: [r for r in c.complete + c.partial if r.rows("lep_orthogonality")]))
     header = ["configuration", "rows", "mean abs(cos)", "mean cos", "std cos", "mean error", "mean Δ"]
     body = []
     for c in have:
@@ -35,5 +37,5 @@ def orthogonality_outputs(experiment, configs):
         dlt = np.concatenate([x["delta_mean"] for x in t])
         body.append([c.display(), str(len(cos)), f"{np.mean(np.abs(cos)):.4f}", f"{np.mean(cos):+.4f}",
                      f"{np.std(cos):.4f}", f"{np.mean(err):+.3e}", f"{np.mean(dlt):+.3e}"])
-    notes = ["all rows (steps, last-stage ranks, micro-batches) of the used runs; spec §3.3 defines the pairs"]
+    notes = ["all rows (steps, last-stage ranks, micro-batches) of the used runs; docs/design.md §3.3 defines the pairs"]
     return fig, Table(f"{experiment}: LEP error against activation change", header, body, notes)

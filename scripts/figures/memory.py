@@ -2,7 +2,7 @@
 import numpy as np
 
 import optcc_results as R
-from figures.output import Table, plt
+from figures.output import Table, footnote, plt, runs_note
 
 def memory_rows(configs):
     """[(configuration, {component: MiB})]: each component's largest value over the ranks at the
@@ -37,6 +37,8 @@ def memory_outputs(experiment, configs):
     ax.set_xticks(range(len(rows)), [r[0].display() for r in rows], rotation=20, ha="right")
     ax.set(ylabel="MiB", title=f"{experiment}: tensor memory by component (Fig. 12)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
+    footnote(fig, runs_note(experiment, [c for c, _ in rows],
+                            lambda c: [r for r in c.used if r.rows("memory_components")]))
     header = ["configuration"] + [f"{k} MiB" for k in R.MEMORY_COMPONENTS] + ["tracked peak MiB"]
     body = [[c.display()] + [f"{m[k]:.3f}" for k in R.MEMORY_COMPONENTS] + [f"{m['tracked_peak']:.3f}"]
             for c, m in rows]

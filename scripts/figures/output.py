@@ -1,8 +1,11 @@
 """Output files (written only when their bytes change, atomically), tables as Markdown and LaTeX,
-and the one plotting style of every figure (deterministic: no timestamps in PNG or PDF)."""
+the one plotting style of every figure (deterministic: no timestamps in PNG or PDF), and the
+footnote every figure carries: which runs it shows (how many, their seeds) and the ABOUT.txt of
+their folder (results/reference/<experiment>/ABOUT.txt: real runs or a placeholder, and why)."""
 import io
 import os
 import sys
+import textwrap
 
 try:
     import matplotlib
@@ -15,6 +18,54 @@ STYLE = {"figure.dpi": 100, "savefig.dpi": 120, "font.size": 9, "axes.grid": Tru
          "legend.fontsize": 7, "axes.prop_cycle": matplotlib.cycler(color=plt.get_cmap("tab10").colors)}
 PNG_META = {"Software": None}
 PDF_META = {"Creator": None, "Producer": None, "CreationDate": None}
+FOOTNOTE_SIZE = 6.5  # points; grey, under everything else drawn on the figure
+
+
+def about(folder):
+    """The text of folder/ABOUT.txt (one or two lines saying what the runs there are), its lines
+    joined by spaces; '' when the folder has none."""
+    if not folder:
+        return ""
+    try:
+        with open(os.path.join(folder, "ABOUT.txt"), encoding="utf-8") as f:
+            return " ".join(line.strip() for line in f if line.strip())
+    except OSError:
+        return ""
+
+
+def runs_folder(runs):
+    """The folder of the runs' results files (an experiment's folder), or None."""
+    for r in runs:
+        for path in [f.path for f in r.files] + [u[0] for u in r.unreadable]:  # unreadable: (path, why)
+            return os.path.dirname(path)
+    return None
+
+
+def _seed_key(seed):
+    return (0, int(seed), "") if seed.lstrip("-").isdigit() else (1, 0, seed)
+
+
+def runs_note(experiment, configs, runs_of=lambda c: c.used):
+    """'<experiment>: N runs (K configurations), seeds 1, 2, 3' of the runs a figure shows
+    (runs_of(configuration) for each), then their folder's ABOUT.txt."""
+    configs = [c for c in configs if runs_of(c)]
+    runs = [r for c in configs for r in runs_of(c)]
+    seeds = sorted({str(r.seed) for r in runs if str(r.seed) != ""}, key=_seed_key)
+    text = f"{experiment}: {len(runs)} run{'' if len(runs) == 1 else 's'}"
+    if len(configs) > 1:
+        text += f" ({len(configs)} configurations)"
+    text += (f", seed{'' if len(seeds) == 1 else 's'} {', '.join(seeds)}" if seeds else ", no seed recorded")
+    note = about(runs_folder(runs))
+    return text + (f". {note}" if note else "")
+
+
+def footnote(fig, text):
+    """Writes `text` in small grey type under everything drawn on `fig`, left-aligned, wrapped to
+    the drawing's width (one line when it fits)."""
+    box = fig.get_tightbbox(fig.canvas.get_renderer())  # inches, everything drawn so far
+    chars = max(60, int(box.width * 72 / (0.5 * FOOTNOTE_SIZE)))  # about half an em per character
+    fig.text(box.x0 / fig.get_figwidth(), (box.y0 - 0.05) / fig.get_figheight(), "\n".join(textwrap.wrap(text, chars)),
+             ha="left", va="top", fontsize=FOOTNOTE_SIZE, color="0.45")
 
 
 class Output:

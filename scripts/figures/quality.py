@@ -7,7 +7,7 @@ import numpy as np
 
 import optcc_results as R
 from figures.configs import band, final_stats, mb_per_step, paired_eval_difference, paired_loss_differences, speed
-from figures.output import Table, plt, pm
+from figures.output import Table, footnote, plt, pm, runs_note
 
 def summary_table(experiment, configs, ref, why):
     ref_time = speed(ref)[0]
@@ -97,6 +97,7 @@ def curves_figure(experiment, configs, ref):
     c.set(xlabel="step", ylabel="Δ validation loss (nats)", title=f"minus {ref.label}, paired by seed")
     if c.get_legend_handles_labels()[0]:
         c.legend()
+    footnote(fig, runs_note(experiment, configs, lambda cf: cf.complete + cf.partial))
     return fig
 
 
@@ -132,4 +133,5 @@ def pareto_figure(experiment, configs):
     ax.set(xlabel="MB sent per training step (all ranks)", ylabel="final validation perplexity",
            title=f"{experiment}: perplexity against traffic")
     ax.legend()
+    footnote(fig, runs_note(experiment, [p[3] for p in pts]))
     return fig

@@ -2,7 +2,7 @@
 import numpy as np
 
 import emulation_table
-from figures.output import Table, plt
+from figures.output import Table, footnote, plt, runs_note
 
 def breakdown_outputs(experiment, configs, ref):
     rows = []
@@ -24,6 +24,7 @@ def breakdown_outputs(experiment, configs, ref):
     ax.invert_yaxis()
     ax.set(xlabel="ms per step on the critical-path rank", title=f"{experiment}: time breakdown (Fig. 10)")
     ax.legend(ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25))
+    footnote(fig, runs_note(experiment, [c for c, _ in rows], lambda c: [r for r in c.used if r.rows("breakdown")]))
     header = ["configuration", "step ms"] + [f"{k} ms" for k in emulation_table.CATEGORIES] + \
         ["median step s", "speed-up", "speed-up at equal compute", "inter-node emulated s/step (all ranks)"]
     body = []
