@@ -1,5 +1,5 @@
 cmake_minimum_required(VERSION 3.18)  # IN_LIST, list(JOIN)
-# The layer rule of architecture.md §10, checked on every `#include "..."` of the runtime:
+# The layer rule of docs/architecture.md §10, checked on every `#include "..."` of the runtime:
 #   cmake -DSRC=<source dir> -P cmake/check_layers.cmake
 # Prints the include graph between folders (edge: count) and fails on any edge the table below does
 # not allow. Registered as the `layers` test (tests/CMakeLists.txt).
@@ -14,11 +14,15 @@ set(ALLOW_models "harness/parallel;kernels;compat")
 set(ALLOW_compression "harness/parallel;kernels;compat")
 set(ALLOW_harness_config "compression;models;datasets;harness/parallel;compat")
 set(ALLOW_harness_train "harness/config;harness/records;harness/parallel;models;compression;datasets;kernels;compat")
+# The four command subsystems sit side by side above train; none includes another.
+set(ALLOW_harness_perfmodel "harness/train;${ALLOW_harness_train}")
+set(ALLOW_harness_experiments "harness/train;${ALLOW_harness_train}")
+set(ALLOW_harness_checkpoints "harness/train;${ALLOW_harness_train}")
 set(ALLOW_harness_tools "harness/train;${ALLOW_harness_train}")
-set(ALLOW_harness "harness/tools;${ALLOW_harness_tools}")   # main.cpp
+set(ALLOW_harness "harness/perfmodel;harness/experiments;harness/checkpoints;harness/tools;harness/train;${ALLOW_harness_train}")   # main.cpp
 
 function(folder_of path out)  # "harness/train/x.h" -> harness/train; "models/gpt.h" -> models
-  string(REGEX MATCH "^harness/(parallel|records|config|train|tools)/" sub "${path}")
+  string(REGEX MATCH "^harness/(parallel|records|config|train|perfmodel|experiments|checkpoints|tools)/" sub "${path}")
   if(sub)
     string(REGEX REPLACE "/$" "" sub "${sub}")
     set(${out} "${sub}" PARENT_SCOPE)

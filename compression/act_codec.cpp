@@ -207,27 +207,54 @@ std::unique_ptr<ActCodec> make_topk(const YAML::Node& options) {
 
 }  // namespace
 
-std::vector<std::string> act_codec_names() {
-  return {"none", "fp16", "bf16", "lowrank", "int8", "int4", "topk"};
+CommStep ActCodec::encode_arithmetic(int64_t numel, bool with_error) const {
+  return arithmetic_step(name(), 0.0, 8.0 * double(numel), "encode");
 }
 
+CommStep ActCodec::decode_arithmetic(int64_t numel) const {
+  return arithmetic_step(name(), 0.0, 8.0 * double(numel), "decode");
+}
+
+void register_builtin_act_codecs(Registry<ActCodec>& registry) {
+  const auto cast = [](const char* name, torch::ScalarType dtype) {
+    return [name, dtype](const YAML::Node& o) -> std::unique_ptr<ActCodec> {
+      OptionReader(name, o, {});
+      return std::make_unique<CastCodec>(dtype);
+    };
+  };
+  registry.add("none", "the message itself, uncompressed (in the link's dtype)", cast("none", torch::kFloat));
+  registry.add("fp16", "the message cast to fp16 on the wire", cast("fp16", torch::kHalf));
+  registry.add("bf16", "the message cast to bf16 on the wire", cast("bf16", torch::kBFloat16));
+  registry.add("lowrank",
+               "rank-r factors P, Q of the message as a matrix, CB's codec (options: rank, view, hidden, seq_len, "
+               "micro_batch, seed, orthogonalize)",
+               make_lowrank);
+  for (const int bits : {8, 4}) {
+    const std::string name = bits == 8 ? "int8" : "int4";
+    registry.add(name, fmt::format("{}-bit codes per row of `hidden` elements with fp32 scales (options: hidden)", bits),
+                 [name, bits](const YAML::Node& options) -> std::unique_ptr<ActCodec> {
+                   OptionReader o(name, options, {"hidden"});
+                   const int64_t hidden =
+                       o.positive("hidden", o.require<int64_t>("hidden", "row length of the quantisation view"));
+                   return std::make_unique<QuantCodec>(bits, hidden);
+                 });
+  }
+  registry.add("topk", "the k largest entries and their int64 indices (options: fraction or count)", make_topk);
+}
+
+const Registry<ActCodec>& act_codec_registry() {
+  static const Registry<ActCodec> registry = [] {
+    Registry<ActCodec> r("activation codec");
+    register_builtin_act_codecs(r);
+    return r;
+  }();
+  return registry;
+}
+
+std::vector<std::string> act_codec_names() { return act_codec_registry().names(); }
+
 std::unique_ptr<ActCodec> make_act_codec(const std::string& name, const YAML::Node& options) {
-  if (name == "none" || name == "fp16" || name == "bf16") {
-    OptionReader(name, options, {});
-    const auto dtype = name == "none" ? torch::kFloat : name == "fp16" ? torch::kHalf
-                                                                       : torch::kBFloat16;
-    return std::make_unique<CastCodec>(dtype);
-  }
-  if (name == "lowrank") return make_lowrank(options);
-  if (name == "int8" || name == "int4") {
-    OptionReader o(name, options, {"hidden"});
-    const int64_t hidden = o.positive("hidden", o.require<int64_t>("hidden", "row length of the "
-                                                                             "quantisation view"));
-    return std::make_unique<QuantCodec>(name == "int8" ? 8 : 4, hidden);
-  }
-  if (name == "topk") return make_topk(options);
-  throw std::invalid_argument(fmt::format("unknown activation codec '{}' (known: {})", name,
-                                          fmt::join(act_codec_names(), ", ")));
+  return act_codec_registry().create(name, options);
 }
 
 }  // namespace optcc

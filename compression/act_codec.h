@@ -1,10 +1,10 @@
 // ActCodec: a point-to-point payload codec for pipeline messages (activation gradients under CB,
-// spec §2; forward activations in ablations). One object per sender, with explicit state (the
+// docs/design.md §2; forward activations in ablations). One object per sender, with explicit state (the
 // low-rank codec's warm-started Q and its generator); the receiver needs only the options.
 //
 // Contract, per message:
 //   sender:   payload = codec.encode(x)              // x: flat [numel] fp32
-//             err     = codec.last_error()           // x − decode(payload), for LEP (spec §3.1)
+//             err     = codec.last_error()           // x − decode(payload), for LEP (docs/design.md §3.1)
 //             send payload.parts in order
 //   receiver: allocate parts of wire_shapes(numel) / wire_dtypes(numel), receive them,
 //             y = codec.decode(payload, numel)       // flat [numel] fp32
@@ -12,10 +12,11 @@
 // ends agree before anything travels. Bytes are counted by the Communicator where they go on the
 // wire; payload_bytes() is the closed form for tests and traffic estimates.
 //
-// Adapting to harness/parallel/stage_link.h's MessageCodec: encode/decode map one to one; note that the link
-// allocates receive buffers in ITS dtype, so codecs whose wire_dtypes() differ from the link's dtype
-// (fp16/bf16/int8/int4/topk, and lowrank under a 16-bit link: spec §10 item 5) need the adapter to
-// allocate with wire_dtypes() instead.
+// Adapting to harness/parallel/stage_link.h's MessageCodec (the adapter is PipelineCodec in
+// harness/train/pipeline_codec.h): encode/decode, wire_shapes() and wire_dtypes() map one to one. The
+// link allocates each receive buffer in the dtype MessageCodec::wire_dtypes() gives (its own dtype
+// only when that list is empty), so codecs whose parts differ from the link's dtype
+// (fp16/bf16/int8/int4/topk, and lowrank under a 16-bit link: docs/design.md §10.5) arrive as sent.
 #pragma once
 
 #include <torch/torch.h>
@@ -25,6 +26,8 @@
 #include <string>
 #include <vector>
 
+#include "compression/comm_plan.h"
+#include "compression/registry.h"
 #include "compression/state_manifest.h"
 
 namespace optcc {
@@ -43,7 +46,7 @@ class ActCodec {
   /// when `numel` does not fit the codec's matrix view (e.g. not a multiple of `hidden`).
   virtual std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const = 0;
   /// The wire dtype of the first part (for most codecs, of every part: lowrank sends fp32 factors
-  /// whatever the training dtype, spec §10 item 5).
+  /// whatever the training dtype, docs/design.md §10.5).
   virtual torch::ScalarType wire_dtype() const = 0;
   /// Per-part wire dtypes, aligned with wire_shapes(numel). Default: wire_dtype() for every part.
   /// Codecs with mixed parts override it (int8/int4: {uint8, fp32}; topk: {fp32, int64}).
@@ -54,8 +57,8 @@ class ActCodec {
   /// Parts may alias x (`none`) or the codec's state (lowrank's Q): treat them as read-only.
   Payload encode(const torch::Tensor& x);
   /// Decodes a payload of wire_shapes(numel) into a flat [numel] fp32 tensor on the parts' device
-  /// (`none` returns its part). Stateless as a codec (the receiver keeps no codec state, spec
-  /// §2.5), but the result is written into an output buffer the object keeps and reuses, so a
+  /// (`none` returns its part). Stateless as a codec (the receiver keeps no codec state,
+  /// docs/design.md §2.5), but the result is written into an output buffer the object keeps and reuses, so a
   /// receive loop pays no page faults for a fresh full-size tensor on every message: a decode
   /// reuses the buffer only when nothing outside the object still refers to its memory (every
   /// tensor or view of an earlier result was dropped), and allocates a new one otherwise. So a
@@ -76,6 +79,12 @@ class ActCodec {
 
   /// Σ over parts of numel·itemsize, for a flat input of `numel` elements.
   virtual int64_t payload_bytes(int64_t numel) const;
+  /// The arithmetic of one encode and one decode of `numel` elements, as the traffic model and the
+  /// simulator count it (compression/comm_plan.h): FLOPs of matrix products and orthogonalisation
+  /// (0 for element-wise codecs), plus one fp32 pass to read the message and one to write it
+  /// (8 bytes per element). `with_error`: the encode also forms last_error() (LEP).
+  virtual CommStep encode_arithmetic(int64_t numel, bool with_error) const;
+  virtual CommStep decode_arithmetic(int64_t numel) const;
 
   /// Sender state (empty for stateless codecs). A loaded codec's next encode is bit-identical to
   /// the saved one's. Options are not saved: construct with the same options, then load.
@@ -86,6 +95,9 @@ class ActCodec {
   /// (e.g. after load()), so an owner can check saved state against the messages it will send.
   virtual std::vector<TensorSpec> state_for(int64_t numel) const { return {}; }
   virtual std::vector<TensorSpec> held_state() const { return {}; }
+  /// Bytes of the sender state held now (lowrank: its Q in fp32; 0 for stateless codecs): the
+  /// Fig. 12 "P/Q buffers" of a pipeline codec.
+  virtual int64_t state_bytes() const { return 0; }
 
   /// A codec with the same options and its own copy of the sender state (generator included):
   /// encoding with either never changes the other (evaluation sends through a copy).
@@ -113,13 +125,17 @@ class ActCodec {
   Payload last_payload_;
 };
 
-/// Builds a codec by name: none | fp16 | bf16 | lowrank | int8 | int4 | topk (codecs.h documents
-/// each one's options). `options` is a YAML map or null. Unknown name, unknown option key, a bad
-/// value or a missing required option -> std::invalid_argument naming the known names / keys.
+/// Adds none, fp16, bf16, lowrank, int8, int4 and topk (codecs.h documents each one's options).
+void register_builtin_act_codecs(Registry<ActCodec>& registry);
+/// The registry of the built-in codecs (filled once).
+const Registry<ActCodec>& act_codec_registry();
+/// act_codec_registry().create(name, options): `options` is a YAML map or null. Unknown name,
+/// unknown option key, a bad value or a missing required option -> std::invalid_argument naming
+/// the known names (with their help lines) / keys.
 std::unique_ptr<ActCodec> make_act_codec(const std::string& name,
                                          const YAML::Node& options = YAML::Node());
 
-/// The names make_act_codec() knows, in the order above.
+/// The names make_act_codec() knows, sorted.
 std::vector<std::string> act_codec_names();
 
 }  // namespace optcc

@@ -8,6 +8,17 @@ CastReducer::CastReducer(torch::ScalarType wire) : wire_(wire) {
 
 std::string CastReducer::name() const { return wire_ == torch::kHalf ? "fp16" : "bf16"; }
 
+// The CPU bf16 path of reduce() (an all-gather) is the one taken on Gloo's host tensors.
+ReducerPlan CastReducer::plan(const std::vector<std::vector<int64_t>>& shapes, const PlanContext& ctx) const {
+  ReducerPlan plan;
+  if (shapes.empty()) return plan;
+  const int64_t numel = total_numel(shapes);
+  const auto kind = wire_ == torch::kBFloat16 && ctx.host_gloo ? CollectiveKind::kAllGather : CollectiveKind::kAllReduce;
+  plan.steps = {arithmetic_step(name(), 0.0, 6.0 * double(numel), "cast"),
+                collective_step(kind, 2 * numel, name() + " gradients")};
+  return plan;
+}
+
 void CastReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) {
   torch::NoGradGuard no_grad;
   begin_records(grads);

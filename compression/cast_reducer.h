@@ -18,6 +18,9 @@ class CastReducer : public GradReducer {
   explicit CastReducer(torch::ScalarType wire);
   std::string name() const override;
   void reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) override;
+  /// The casts (read fp32, write 16 bits, read them back: 6 bytes per element) and one collective
+  /// of Σ numel · 2 bytes: an all-reduce, or for bf16 on the CPU (ctx.host_gloo) an all-gather.
+  ReducerPlan plan(const std::vector<std::vector<int64_t>>& shapes, const PlanContext& ctx) const override;
 
  private:
   torch::ScalarType wire_;

@@ -37,7 +37,7 @@ torch::Tensor CastCodec::decode_alias(const Payload& p) const {
 
 void CastCodec::decode_impl(const Payload& p, torch::Tensor& out) const { out.copy_(p.parts[0]); }
 
-// --- lowrank (CB, spec §2) ----------------------------------------------------------------------
+// --- lowrank (CB, docs/design.md §2) ----------------------------------------------------------------------
 
 std::pair<int64_t, int64_t> MatrixView::shape(int64_t numel) const {
   if (kind == Kind::kTokenMajor) {
@@ -48,7 +48,7 @@ std::pair<int64_t, int64_t> MatrixView::shape(int64_t numel) const {
     }
     return {numel / hidden, hidden};
   }
-  const int64_t n = seq_len * (micro_batch / 8);  // the reference's hard-coded /8 (§10 item 4)
+  const int64_t n = seq_len * (micro_batch / 8);  // the reference's hard-coded /8 (docs/design.md §10.4)
   if (numel <= 0 || numel % n != 0) {
     throw std::invalid_argument(fmt::format(
         "lowrank codec (reference view): {} elements are not a positive multiple of n = seq_len*"
@@ -86,7 +86,7 @@ Payload LowRankCodec::encode_impl(const torch::Tensor& x) {
     if (qr_) {
       orthogonalize_qr_(t);
     } else {
-      orthogonalize_mgs_(t);  // MGS with the 1e-8 guard (spec §2.4)
+      orthogonalize_mgs_(t);  // MGS with the 1e-8 guard (docs/design.md §2.4)
     }
   };
   orthogonalize(q);
@@ -122,6 +122,19 @@ void LowRankCodec::load(torch::serialize::InputArchive& archive) {
 }
 
 std::vector<TensorSpec> LowRankCodec::state_for(int64_t numel) const { return {{"q", wire_shapes(numel)[1]}}; }
+
+CommStep LowRankCodec::encode_arithmetic(int64_t numel, bool with_error) const {
+  const auto shapes = wire_shapes(numel);  // P̂ [rows, r], Q [cols, r]
+  const double rows = double(shapes.at(0).at(0)), r = double(shapes.at(0).at(1)), cols = double(shapes.at(1).at(0));
+  const double flops = 4.0 * rows * cols * r + 2.0 * rows * r * r + (with_error ? 2.0 * rows * cols * r : 0.0);
+  return arithmetic_step(name(), flops, 8.0 * double(numel), "encode");
+}
+
+CommStep LowRankCodec::decode_arithmetic(int64_t numel) const {
+  const auto shapes = wire_shapes(numel);
+  const double rows = double(shapes.at(0).at(0)), r = double(shapes.at(0).at(1)), cols = double(shapes.at(1).at(0));
+  return arithmetic_step(name(), 2.0 * rows * cols * r, 8.0 * double(numel), "decode");
+}
 
 std::vector<TensorSpec> LowRankCodec::held_state() const {
   if (!q_.defined()) return {};

@@ -5,17 +5,17 @@
 //   fp16     no options. One part: x cast to fp16 [numel]. Error ≤ half an fp16 ulp; values beyond
 //            ±65504 (and ±inf) saturate to ±65504, so |error| < |x| there too. NaN stays NaN.
 //   bf16     no options. Likewise in bf16 (saturating at ±3.39e38).
-//   lowrank  CB codec (spec §2). Options:
+//   lowrank  CB codec (docs/design.md §2). Options:
 //              rank        int, default 16: r = min(rank, rows, cols).
 //              view        token_major (default) | reference.
 //                          token_major: rows = numel/hidden, cols = hidden (one token per row).
 //                          reference:   rows n = seq_len·(micro_batch/8), cols m' = numel/n, the
-//                          reference's hard-coded "/8" rule (spec §2.3, §10 item 4); equals
+//                          reference's hard-coded "/8" rule (docs/design.md §2.3, §10.4); equals
 //                          token_major for the paper's b = t = 8.
 //              hidden      int, required for token_major.
 //              seq_len, micro_batch   ints, required for reference (micro_batch % 8 == 0).
 //              seed        int, default 714: seeds the codec's own CPU generator (never the
-//                          global one, spec §10 item 7) that draws the initial Q.
+//                          global one, docs/design.md §10.7) that draws the initial Q.
 //              orthogonalize  mgs (default: the reference's MGS with the 1e-8 guard, plus a
 //                          second pass where a column lost most of its norm) | qr (Householder;
 //                          same span). Either way P̂ has orthonormal or zero columns (a message
@@ -66,7 +66,7 @@ class CastCodec : public ActCodec {
   torch::ScalarType dtype_;
 };
 
-/// How a flat message becomes a matrix (spec §2.3).
+/// How a flat message becomes a matrix (docs/design.md §2.3).
 struct MatrixView {
   enum class Kind { kTokenMajor, kReference };
   Kind kind = Kind::kTokenMajor;
@@ -89,7 +89,13 @@ class LowRankCodec : public ActCodec {
   /// {"q", [cols, r]} of wire_shapes(numel); held: {"q", q().sizes()} once Q exists.
   std::vector<TensorSpec> state_for(int64_t numel) const override;
   std::vector<TensorSpec> held_state() const override;
+  int64_t state_bytes() const override { return q_.defined() ? q_.numel() * static_cast<int64_t>(q_.element_size()) : 0; }
   std::unique_ptr<ActCodec> clone() const override;
+  /// Matrix [rows, cols] of wire_shapes(numel), rank r: encode P = MQ and Q = MᵀP̂ 4·rows·cols·r,
+  /// orthogonalisation 2·rows·r², and with the error (LEP) x − P̂Qᵀ another 2·rows·cols·r; decode
+  /// P̂Qᵀ 2·rows·cols·r.
+  CommStep encode_arithmetic(int64_t numel, bool with_error) const override;
+  CommStep decode_arithmetic(int64_t numel) const override;
 
   /// The warm-start Q [cols, r] fp32 left by the last encode (undefined before the first).
   const torch::Tensor& q() const { return q_; }

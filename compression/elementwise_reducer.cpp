@@ -49,7 +49,7 @@ void ElementwiseReducer::reduce(std::vector<torch::Tensor>& grads, Communicator&
   std::vector<size_t> raw, compressed;
   for (size_t i = 0; i < grads.size(); ++i) {
     const int64_t n = grads[i].numel();
-    if (n == 0 || n < min_numel_ || compressed_bytes(n) >= 4 * n) {
+    if (sends_raw(n)) {
       raw.push_back(i);
       continue;
     }
@@ -82,6 +82,28 @@ void ElementwiseReducer::reduce(std::vector<torch::Tensor>& grads, Communicator&
     records_[it.index].compressed = true;
     records_[it.index].sent_bytes = compressed_bytes(g.numel());
   }
+}
+
+ReducerPlan ElementwiseReducer::plan(const std::vector<std::vector<int64_t>>& shapes, const PlanContext& ctx) const {
+  ReducerPlan plan;
+  if (shapes.empty()) return plan;
+  int64_t compressed = 0, raw = 0, packed = 0, raw_tensors = 0;
+  for (const auto& s : shapes) {
+    const int64_t n = total_numel({s});
+    if (sends_raw(n)) {
+      raw += n, raw_tensors += 1;
+    } else {
+      compressed += compressed_bytes(n), packed += n;
+    }
+  }
+  const bool reduce = exchange_kind() == CollectiveKind::kAllReduce;
+  auto& st = plan.steps;
+  st.push_back(arithmetic_step(kind_, 0.0, 8.0 * double(packed), "encode"));
+  if (packed > 0) st.push_back(collective_step(exchange_kind(), compressed, reduce ? "compressed all-reduce" : "compressed all-gather"));
+  if (raw_tensors > 0) st.push_back(collective_step(CollectiveKind::kAllReduce, (ctx.element_bytes > 0 ? ctx.element_bytes : 4) * raw, "raw all-reduce"));
+  st.push_back(arithmetic_step(kind_, 0.0, 8.0 * double(packed), "decode"));
+  plan.error_feedback_bytes = error_feedback_ ? 4 * packed : 0;
+  return plan;
 }
 
 ElementwiseReducer::Item ElementwiseReducer::compensate(size_t i, const torch::Tensor& g) {

@@ -66,6 +66,17 @@ class ElementwiseReducer : public GradReducer {
 
   /// Payload bytes of one compressed tensor of `numel` elements (the per-tensor formula).
   virtual int64_t compressed_bytes(int64_t numel) const = 0;
+  /// Step 2's rule: a tensor of `numel` elements goes raw (numel 0, below min_numel, or a
+  /// compressed payload of at least 4·numel bytes). reduce() and plan() both ask here.
+  bool sends_raw(int64_t numel) const { return numel == 0 || numel < min_numel_ || compressed_bytes(numel) >= 4 * numel; }
+  /// The one collective of step 4 (randomk: an all-reduce of the values; the others all-gather).
+  virtual CollectiveKind exchange_kind() const { return CollectiveKind::kAllGather; }
+  /// Encode (read the gradient, write the message: 8 bytes per compressed element), the compressed
+  /// collective (Σ compressed_bytes), the raw fp32 all-reduce (Σ numel · 4, or ctx.element_bytes),
+  /// decode; the compressed collective only when some tensor is compressed, the raw one only when
+  /// some tensor is raw (as reduce() issues them). State: EF Σ numel · 4 of the
+  /// compressed tensors (error_feedback).
+  ReducerPlan plan(const std::vector<std::vector<int64_t>>& shapes, const PlanContext& ctx) const final;
 
  protected:
   ElementwiseReducer(std::string kind, bool error_feedback, int64_t min_numel);

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -107,6 +108,33 @@ void NoneReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, in
     offset += grads[i].numel();
     records_[i].sent_bytes = grads[i].numel() * element_bytes;
   }
+}
+
+ReducerPlan NoneReducer::plan(const std::vector<std::vector<int64_t>>& shapes, const PlanContext& ctx) const {
+  ReducerPlan plan;
+  if (shapes.empty()) return plan;  // reduce() returns at once
+  const int64_t numel = total_numel(shapes);
+  if (wire_ != torch::kFloat && ctx.element_bytes == 0) {
+    // all_reduce_summing_in_fp32 pads the buffer to group_size equal chunks: X is the padded tensor.
+    const int64_t n = std::max<int64_t>(1, ctx.group_size), chunk = (numel + n - 1) / n;
+    const int64_t element = static_cast<int64_t>(c10::elementSize(wire_));
+    plan.steps.push_back(collective_step(CollectiveKind::kAllReduce, chunk * n * element,
+                                         "gradient all-reduce (16-bit wire, fp32 sum)"));
+    return plan;
+  }
+  const int64_t beta = ctx.element_bytes > 0 ? ctx.element_bytes : 4;
+  plan.steps.push_back(collective_step(CollectiveKind::kAllReduce, numel * beta, "gradient all-reduce"));
+  return plan;
+}
+
+int64_t total_numel(const std::vector<std::vector<int64_t>>& shapes) {
+  int64_t sum = 0;
+  for (const auto& s : shapes) {
+    int64_t n = 1;
+    for (auto v : s) n *= v;
+    sum += n;
+  }
+  return sum;
 }
 
 NoneReducer::NoneReducer(torch::ScalarType wire) : wire_(wire) {

@@ -1,4 +1,4 @@
-// GradReducer: the data-parallel gradient reduction of one stage (spec §1.2 step 1, §6.2), as an
+// GradReducer: the data-parallel gradient reduction of one stage (docs/design.md §1.2 step 1, §6.2), as an
 // object with explicit state. Replaces reduce_data_parallel_grads when compression is on.
 //
 // Contract of reduce(grads, dp, step):
@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "compression/comm_plan.h"
 #include "compression/registry.h"
 #include "compression/state_manifest.h"
 #include "harness/parallel/communicator.h"
@@ -57,6 +58,15 @@ class GradReducer {
   virtual std::string name() const = 0;
   /// See the contract above.
   virtual void reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) = 0;
+  /// What reduce() does for gradients of `shapes` (in the order reduce() gets them) at ctx.step:
+  /// its DP-class collectives in issue order (kind and tensor bytes; the Traffic::kControl
+  /// non-finite flag is left out), the arithmetic of its encode and decode, and the persistent
+  /// state it holds after the call (for a reducer whose earlier calls saw the same tensors; after
+  /// a warm-up call: none). Computed by the rules reduce() follows (the same raw-or-compressed
+  /// decision, the same packing), so the traffic model and the simulator never restate a
+  /// reducer. Every reducer has one: tests/unit/compressor_plans_test.cpp runs every registered reducer
+  /// through reduce() and plan() and compares metered bytes, calls and state bytes.
+  virtual ReducerPlan plan(const std::vector<std::vector<int64_t>>& shapes, const PlanContext& ctx) const = 0;
   /// State for checkpoints (per rank). Stateless reducers write/read nothing. Stateful ones
   /// (powersgd, topk, randomk, qsgd, signsgd) also write the (name, shape) list their per-tensor
   /// state belongs to, and load() throws StateMismatch (a std::invalid_argument) naming the first
@@ -127,6 +137,10 @@ class NoneReducer : public GradReducer {
   explicit NoneReducer(torch::ScalarType wire = torch::kFloat);
   std::string name() const override { return "none"; }
   void reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) override;
+  /// One all-reduce of Σ numel · 4 bytes (ctx.element_bytes when set); with a 16-bit wire (and
+  /// ctx.element_bytes 0), of the buffer padded to group_size equal chunks at 2 bytes per element
+  /// (Communicator::all_reduce_summing_in_fp32). No state.
+  ReducerPlan plan(const std::vector<std::vector<int64_t>>& shapes, const PlanContext& ctx) const override;
   torch::ScalarType wire_dtype() const { return wire_; }
   /// The factor gradients are multiplied by before the 16-bit cast and divided by after (> 0).
   void set_wire_scale(double scale);
@@ -138,6 +152,9 @@ class NoneReducer : public GradReducer {
   torch::ScalarType wire_;
   double wire_scale_ = 1.0;
 };
+
+/// Σ over `shapes` of the product of each shape (1 for a 0-d shape).
+int64_t total_numel(const std::vector<std::vector<int64_t>>& shapes);
 
 /// Flattens `grads` into one fp32 buffer [Σ numel] (cast in) and back (cast out, copy_).
 torch::Tensor flatten_fp32(const std::vector<torch::Tensor>& grads);

@@ -1,5 +1,5 @@
 // Dense kernels of the low-rank compressors (the DP PowerSGD reducer and the CB codec): column
-// orthonormalisation of the factors (spec §6.2, §7 "MGS with the 1e-8 guard") and the fp32 GEMM
+// orthonormalisation of the factors (docs/design.md §6.2, §7 "MGS with the 1e-8 guard") and the fp32 GEMM
 // they run on M.
 #pragma once
 
@@ -14,7 +14,7 @@ namespace optcc {
 /// others at fp32 precision, or exactly zero; so m·mᵀ is an orthogonal projector (onto the kept
 /// columns' span) and ‖A − m·mᵀA‖ ≤ ‖A‖ for any A, which is what makes the low-rank compressors
 /// never worse than sending nothing.
-///   Pass 1 (the reference, spec §2.4): column j is divided by (‖m_j‖ + eps) after the
+///   Pass 1 (the reference, docs/design.md §2.4): column j is divided by (‖m_j‖ + eps) after the
 ///   projections onto columns < j are removed, and its projection is removed from later columns.
 ///   Pass 2 ("twice is enough", Daniel–Gragg–Kaufman–Stewart): a column that kept at most 1/√2 of
 ///   its original norm n0 through pass 1 is projected onto the finished columns once more. It is

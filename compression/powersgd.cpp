@@ -45,7 +45,7 @@ PowerSgdOptions PowerSgdOptions::from_yaml(const YAML::Node& o) {
   return p;
 }
 
-struct PowerSgdReducer::Plan {
+struct PowerSgdReducer::Split {
   std::vector<size_t> raw;                  // tensor indices sent raw
   std::vector<size_t> low;                  // tensor indices compressed
   std::vector<int64_t> rows, cols, r;       // per entry of `low`
@@ -62,15 +62,16 @@ std::string PowerSgdReducer::name() const {
                      opt_.ef_residual, opt_.orthogonalize, opt_.warm_start, opt_.seed);
 }
 
-PowerSgdReducer::Plan PowerSgdReducer::plan(const std::vector<torch::Tensor>& grads) const {
-  Plan p;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    const auto& g = grads[i];
-    const int64_t rows = g.dim() >= 2 ? g.size(0) : 0;
-    const int64_t cols = rows > 0 ? g.numel() / rows : 0;
+PowerSgdReducer::Split PowerSgdReducer::split(const std::vector<std::vector<int64_t>>& shapes, double min_rate) const {
+  Split p;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& s = shapes[i];
+    int64_t numel = 1;
+    for (auto v : s) numel *= v;
+    const int64_t rows = s.size() >= 2 ? s[0] : 0;
+    const int64_t cols = rows > 0 ? numel / rows : 0;
     const int64_t r = std::min({opt_.rank, rows, cols});
-    const bool worth = r > 0 && double(rows) * double(cols) / (double(rows + cols) * double(r)) >=
-                                    opt_.min_compression_rate;
+    const bool worth = r > 0 && double(rows) * double(cols) / (double(rows + cols) * double(r)) >= min_rate;
     if (!worth) {
       p.raw.push_back(i);
       continue;
@@ -79,6 +80,38 @@ PowerSgdReducer::Plan PowerSgdReducer::plan(const std::vector<torch::Tensor>& gr
     p.p_numel += rows * r, p.q_numel += cols * r;
   }
   return p;
+}
+
+ReducerPlan PowerSgdReducer::plan(const std::vector<std::vector<int64_t>>& shapes, const PlanContext& ctx) const {
+  if (ctx.step < opt_.warmup_steps) return NoneReducer().plan(shapes, ctx);
+  ReducerPlan plan;
+  if (shapes.empty()) return plan;
+  const Split p = split(shapes, ctx.compress_every_matrix ? 0.0 : opt_.min_compression_rate);
+  int64_t raw_numel = 0;
+  for (size_t i : p.raw) {
+    int64_t n = 1;
+    for (auto v : shapes[i]) n *= v;
+    raw_numel += n;
+  }
+  double gemm = 0, orth = 0, low_numel = 0;
+  for (size_t k = 0; k < p.low.size(); ++k) {
+    const double rows = double(p.rows[k]), cols = double(p.cols[k]), r = double(p.r[k]);
+    gemm += 2.0 * rows * cols * r;
+    orth += 2.0 * rows * r * r;
+    low_numel += rows * cols;
+    if (opt_.error_feedback) plan.error_feedback_bytes += p.rows[k] * p.cols[k] * 4;
+    if (opt_.warm_start) plan.factor_bytes += p.cols[k] * p.r[k] * 4;
+  }
+  const double ef = opt_.error_feedback ? 3.0 * 4.0 * low_numel : 0.0;  // read grad and EF, write M
+  const int64_t beta = ctx.element_bytes > 0 ? ctx.element_bytes : 4;   // fp32 as reduce() sends them
+  auto& st = plan.steps;
+  st.push_back(arithmetic_step("powersgd", gemm, ef + 4.0 * low_numel, "M = grad + EF, P = MQ"));
+  if (p.p_numel > 0) st.push_back(collective_step(CollectiveKind::kAllReduce, beta * p.p_numel, "P all-reduce"));
+  if (!p.raw.empty()) st.push_back(collective_step(CollectiveKind::kAllReduce, beta * raw_numel, "raw all-reduce"));
+  st.push_back(arithmetic_step("powersgd", orth + gemm, 4.0 * low_numel, "orthogonalise P, Q = MᵀP"));
+  if (p.q_numel > 0) st.push_back(collective_step(CollectiveKind::kAllReduce, beta * p.q_numel, "Q all-reduce"));
+  st.push_back(arithmetic_step("powersgd", gemm, ef + 4.0 * low_numel, "out = PQᵀ, EF update"));
+  return plan;
 }
 
 void PowerSgdReducer::ensure_state(size_t n) {
@@ -113,7 +146,7 @@ torch::Tensor PowerSgdReducer::prepare_q(size_t i, int64_t cols, int64_t r) {
   return q;
 }
 
-void PowerSgdReducer::check_q_shapes(const Plan& p) const {
+void PowerSgdReducer::check_q_shapes(const Split& p) const {
   for (size_t k = 0; k < p.low.size(); ++k) {
     const size_t i = p.low[k];
     if (!q_[i].defined()) continue;
@@ -166,7 +199,7 @@ struct PowerSgdReducer::Factors {
 };
 
 // 2.–4. Compensate (EF), draw/reuse Q, P := M Q into the packed P buffer.
-void PowerSgdReducer::compute_p(const Plan& p, std::vector<torch::Tensor>& grads, Factors& f) {
+void PowerSgdReducer::compute_p(const Split& p, std::vector<torch::Tensor>& grads, Factors& f) {
   auto& ms = f.ms;
   auto& ps = f.ps;
   auto& qs = f.qs;
@@ -194,7 +227,7 @@ void PowerSgdReducer::compute_p(const Plan& p, std::vector<torch::Tensor>& grads
 }
 
 // 6. Raw tensors: one flat fp32 all-reduce, ÷ dp.
-void PowerSgdReducer::reduce_raw(const Plan& p, std::vector<torch::Tensor>& grads, Communicator& dp) {
+void PowerSgdReducer::reduce_raw(const Split& p, std::vector<torch::Tensor>& grads, Communicator& dp) {
   std::vector<torch::Tensor> raw;
   for (size_t i : p.raw) raw.push_back(grads[i]);
   auto buf = flatten_fp32(raw);  // [Σ numel] fp32
@@ -205,7 +238,7 @@ void PowerSgdReducer::reduce_raw(const Plan& p, std::vector<torch::Tensor>& grad
 }
 
 // 7. P̂ := orth(P); Q := Mᵀ P̂; (local EF); one all-reduce for every Q, ÷ dp; out := P̂ Qᵀ.
-void PowerSgdReducer::finish_low_rank(const Plan& p, std::vector<torch::Tensor>& grads, Communicator& dp, Factors& f) {
+void PowerSgdReducer::finish_low_rank(const Split& p, std::vector<torch::Tensor>& grads, Communicator& dp, Factors& f) {
   const auto fopt = grads[0].options().dtype(torch::kFloat);
   auto& ms = f.ms;
   auto& ps = f.ps;
@@ -256,7 +289,9 @@ void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp
   if (grads.empty()) return;
   check_finite(grads, dp, step);
   // 2.–4. Classify, compensate, draw/reuse Q, P := M Q.
-  const Plan p = plan(grads);
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& g : grads) shapes.push_back(g.sizes().vec());
+  const Split p = split(shapes, opt_.min_compression_rate);
   check_q_shapes(p);  // before any state changes
   const auto fopt = grads[0].options().dtype(torch::kFloat);
   Factors f;

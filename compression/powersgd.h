@@ -1,9 +1,9 @@
-// `powersgd`: the DP PowerSGD reducer of spec §6.2 (Vogels et al.; epfml semantics: P summed,
+// `powersgd`: the DP PowerSGD reducer of docs/design.md §6.2 (Vogels et al.; epfml semantics: P summed,
 // Q averaged), one call per optimizer step per stage.
 //
 // Per call, in order (collectives on `dp`, Traffic::kDataParallel unless stated):
 //   0. step < warmup_steps: the `none` path (÷ dp, one all-reduce in the gradient dtype); state
-//      untouched. Warm-up is derived from the global step, so it survives a resume (BR-03, §10.11).
+//      untouched. Warm-up is derived from the global step, so it survives a resume (BR-03 in docs/faults.md; docs/design.md §10.11).
 //   1. non-finite flag: one 1-float max all-reduce (Traffic::kControl) over isfinite of all grads;
 //      set on any rank -> NonFiniteGradients on every rank, grads/EF/Q untouched (BR-01).
 //   2. classify: 1-D tensors, and matrices M [shape[0], numel/shape[0]] with r_eff = min(r, rows,
@@ -11,9 +11,9 @@
 //   3. M_i := fp32(grad_i) + EF_i (EF on). All internals fp32 whatever the grad dtype (BR-01).
 //   4. Q_i: warm_start: the previous call's (DP-averaged) Q_i, re-orthonormalised with the chosen
 //      method before use (the paper-era code and the CB compressor do this; HEAD's DP reducer does
-//      not, spec §10.10: same span, so numerically close; we re-orthonormalise so Q stays well
+//      not, docs/design.md §10.10: same span, so numerically close; we re-orthonormalise so Q stays well
 //      conditioned). First use, or warm_start off: randn [cols, r_eff] from a dedicated CPU
-//      generator seeded with `seed` on every rank (so all ranks draw the same Q; §10.7). A zero
+//      generator seeded with `seed` on every rank (so all ranks draw the same Q; docs/design.md §10.7). A zero
 //      column of Q (the tensor was zero or of rank < r_eff last time) is refilled from that
 //      generator (identical Q on every rank, so identical draws) and Q orthonormalised again.
 //   5. P_i := M_i Q_i, all packed in ONE buffer [Σ rows_i·r_i] -> all-reduce (sum).
@@ -36,7 +36,7 @@ struct PowerSgdOptions {
   int64_t rank = 4;                   // r: target rank of each compressed matrix
   double min_compression_rate = 2.0;  // compress iff rows·cols / ((rows+cols)·r_eff) ≥ this
   int64_t warmup_steps = 0;           // global steps (step < this) reduced uncompressed
-  bool error_feedback = true;         // keep and add the residual (spec §6.3)
+  bool error_feedback = true;         // keep and add the residual (docs/design.md §6.3)
   std::string ef_residual = "averaged";   // "averaged" | "local" (BR-05)
   std::string orthogonalize = "mgs";  // "mgs" | "qr"
   bool warm_start = true;             // reuse Q across calls (re-orthonormalised, see step 4)
@@ -51,6 +51,13 @@ class PowerSgdReducer : public GradReducer {
   explicit PowerSgdReducer(PowerSgdOptions options);
   std::string name() const override;
   void reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) override;
+  /// Before warmup_steps: NoneReducer's (fp32). Then steps 2-8: P = MQ (2·rows·cols·r FLOPs per
+  /// compressed matrix; with M = grad + EF and the EF update reading and writing 12 bytes per
+  /// element), the P all-reduce (Σ rows·r), the raw all-reduce (Σ numel of raw tensors), the
+  /// orthogonalisation (2·rows·r²) and Q = MᵀP̂, the Q all-reduce (Σ cols·r), P̂Qᵀ; a collective
+  /// with nothing to carry is not issued. State: EF Σ rows·cols·4 (error_feedback), Q Σ cols·r·4
+  /// (warm_start). ctx.compress_every_matrix reads min_compression_rate as 0.
+  ReducerPlan plan(const std::vector<std::vector<int64_t>>& shapes, const PlanContext& ctx) const override;
   /// Keys: "powersgd.rank", "powersgd.generator", "powersgd.tensors.*" (the (name, shape) list
   /// the state belongs to, state_manifest.h), "powersgd.ef.<i>", "powersgd.q.<i>" (i = index in
   /// that list; absent when never compressed). load() checks the rank (std::invalid_argument) and
@@ -70,16 +77,18 @@ class PowerSgdReducer : public GradReducer {
   void set_q(size_t i, torch::Tensor q);
 
  private:
-  struct Plan;  // per-call classification (powersgd.cpp)
-  Plan plan(const std::vector<torch::Tensor>& grads) const;
+  struct Split;  // per-call classification (powersgd.cpp)
+  /// Step 2 for tensors of `shapes`, with `min_rate` as min_compression_rate: reduce() and plan()
+  /// both classify through here.
+  Split split(const std::vector<std::vector<int64_t>>& shapes, double min_rate) const;
   void ensure_state(size_t n);
   torch::Tensor prepare_q(size_t i, int64_t cols, int64_t r);
-  void check_q_shapes(const Plan& p) const;  // warm-start Q of every compressed tensor fits
+  void check_q_shapes(const Split& p) const;  // warm-start Q of every compressed tensor fits
   void orthogonalize(torch::Tensor& m) const;
   struct Factors;  // one call's packed P and Q buffers and per-tensor views (powersgd.cpp)
-  void compute_p(const Plan& p, std::vector<torch::Tensor>& grads, Factors& f);               // steps 2-4
-  void reduce_raw(const Plan& p, std::vector<torch::Tensor>& grads, Communicator& dp);       // step 6
-  void finish_low_rank(const Plan& p, std::vector<torch::Tensor>& grads, Communicator& dp, Factors& f);  // step 7
+  void compute_p(const Split& p, std::vector<torch::Tensor>& grads, Factors& f);               // steps 2-4
+  void reduce_raw(const Split& p, std::vector<torch::Tensor>& grads, Communicator& dp);       // step 6
+  void finish_low_rank(const Split& p, std::vector<torch::Tensor>& grads, Communicator& dp, Factors& f);  // step 7
   static int64_t state_bytes(const std::vector<torch::Tensor>& ts) {
     int64_t n = 0;
     for (const auto& t : ts) n += t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;

@@ -26,6 +26,7 @@ class RandomKReducer : public ElementwiseReducer {
   explicit RandomKReducer(RandomKOptions options);
   std::string name() const override;
   int64_t compressed_bytes(int64_t numel) const override { return 4 * k_for(numel); }
+  CollectiveKind exchange_kind() const override { return CollectiveKind::kAllReduce; }
   int64_t k_for(int64_t numel) const;
   /// The sorted indices [k] int64 (CPU) that tensor `tensor` of `numel` elements uses at `step`.
   torch::Tensor indices(int64_t step, size_t tensor, int64_t numel) const;

@@ -1,4 +1,5 @@
-// Registry<Base>: compressors by name. A factory builds one from its YAML options section; the
+// Registry<Base>: compressors by name, one mechanism for every kind (GradReducer: DP and embedding
+// reducers, grad_reducer.h; ActCodec: pipeline message codecs, act_codec.h). A factory builds one from its YAML options section; the
 // built-ins are added by explicit register_builtin_*() calls (no static self-registration, so the
 // set of compressors is visible where the registry is filled).
 #pragma once
@@ -17,6 +18,9 @@ namespace optcc {
 template <class Base>
 class Registry {
  public:
+  /// `kind` names what it holds in errors ("compressor", "activation codec").
+  explicit Registry(std::string kind = "compressor") : kind_(std::move(kind)) {}
+
   using Factory = std::function<std::unique_ptr<Base>(const YAML::Node& options)>;
 
   /// Throws std::invalid_argument when `name` is already registered.
@@ -30,7 +34,7 @@ class Registry {
   std::unique_ptr<Base> create(const std::string& name, const YAML::Node& options = YAML::Node()) const {
     auto it = entries_.find(name);
     if (it == entries_.end()) {
-      std::string msg = "unknown compressor '" + name + "'; known:";
+      std::string msg = "unknown " + kind_ + " '" + name + "'; known:";
       for (const auto& [n, e] : entries_) msg += "\n  " + n + ": " + e.help;
       throw std::invalid_argument(msg);
     }
@@ -50,6 +54,7 @@ class Registry {
     std::string help;
     Factory factory;
   };
+  std::string kind_;
   std::map<std::string, Entry> entries_;
 };
 

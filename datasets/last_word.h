@@ -1,7 +1,7 @@
 // LAMBADA-style last-word prediction on held-out documents (`optcc eval`), without SentencePiece:
 // the word boundaries come from the tokenizer's `.vocab` text file, which SentencePiece training
 // writes next to the `.model` (one "piece<TAB>score" line per id, in id order). The training binary
-// must not link SentencePiece (architecture.md §7), and it needs no more than the pieces' text.
+// must not link SentencePiece (docs/architecture.md §7), and it needs no more than the pieces' text.
 //
 // The task, per document (token ids as the indexed dataset holds them, EOD included):
 //   1. Trailing tokens that carry no word are dropped: control and byte pieces ("<unk>", "<s>",

@@ -1,5 +1,5 @@
 // optcc-data: corpus fetch, tokenizer training + preprocessing, dataset inspection and merging.
-// A separate program because SentencePiece cannot share a process with LibTorch (architecture.md §7);
+// A separate program because SentencePiece cannot share a process with LibTorch (docs/architecture.md §7);
 // `optcc data <command> ...` runs `optcc-data <command> ...` with the same arguments.
 #include <algorithm>
 #include <chrono>

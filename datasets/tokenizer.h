@@ -1,5 +1,5 @@
 // SentencePiece tokenizer (optcc_tokenizer library). Never link this into a LibTorch binary: Debian's
-// libsentencepiece carries its own protobuf and aborts next to LibTorch's (architecture.md §7).
+// libsentencepiece carries its own protobuf and aborts next to LibTorch's (docs/architecture.md §7).
 #pragma once
 
 #include <cstdint>

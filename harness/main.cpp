@@ -11,11 +11,12 @@
 //   optcc data fetch|prepare|info --config experiments/demo.yaml [--retrain (prepare)]
 //   optcc bench step --config experiments/demo.yaml [--steps 10] [--threads 1]
 //   optcc config show --config experiments/demo.yaml [--set ...]
+//   optcc config label --config experiments/demo.yaml [--set ...]   what it compresses, one line
 //   optcc traffic --config experiments/paper/gpt-2.5b.yaml [--set ...] [--world N] [--json]
 //   optcc trace results/run.h5 [--step N] [-o trace.json] [--breakdown]
 //   optcc sweep experiments/table2.yaml --scale cpu|paper [--json | --index I | --check]
 //   optcc eval --checkpoint DIR [--split valid|test] [--layout tp,pp,dp] [--nproc N] [--set ...]
-//              [--documents N] [--output FILE.h5]   (harness/tools/eval_checkpoint.h)
+//              [--documents N] [--output FILE.h5]   (harness/checkpoints/eval_checkpoint.h)
 //   optcc simulate --config X [--profile NAME|FILE] [--schemes a,b] [--json] [--match-regime PAPER_CONFIG]
 //   optcc calibrate --config X [-o experiments/profiles/this-machine.yaml]
 #include <CLI/CLI.hpp>
@@ -32,16 +33,16 @@
 #include "datasets/cli_integer.h"
 #include "harness/tools/bench.h"
 #include "harness/tools/comm_check.h"
-#include "harness/tools/eval_checkpoint.h"
+#include "harness/checkpoints/eval_checkpoint.h"
 #include "harness/config/config.h"
 #include "harness/parallel/distributed.h"
 #include "harness/parallel/stop_signal.h"
 #include "harness/parallel/threads.h"
-#include "harness/tools/sweep.h"
-#include "harness/tools/calibrate.h"
-#include "harness/tools/simulate_report.h"
+#include "harness/experiments/sweep.h"
+#include "harness/perfmodel/calibrate.h"
+#include "harness/perfmodel/simulate_report.h"
 #include "harness/tools/trace.h"
-#include "harness/tools/traffic_report.h"
+#include "harness/perfmodel/traffic_report.h"
 #include "harness/train/network_setup.h"
 #include "harness/train/trainer.h"
 
@@ -123,6 +124,7 @@ struct Cli {
   CLI::App* comm_check = nullptr;
   CommCheckOptions check_opts;
   CLI::App* show = nullptr;
+  CLI::App* label = nullptr;
   CLI::App* traffic = nullptr;
   int64_t traffic_world = 0;
   bool traffic_json = false;
@@ -198,6 +200,10 @@ void add_config_command(CLI::App& app, Cli& c) {
   config_cmd->require_subcommand(1);
   c.show = config_cmd->add_subcommand("show", "print the effective config after presets and --set");
   c.add_config(c.show);
+  c.label = config_cmd->add_subcommand(
+      "label", "print what the config compresses, the run's name in results, tables and figures (e.g. baseline, "
+               "cb_fe_sc, dp=powersgd(rank=4))");
+  c.add_config(c.label);
 }
 
 void add_traffic_command(CLI::App& app, Cli& c) {
@@ -229,7 +235,7 @@ void add_trace_command(CLI::App& app, Cli& c) {
   c.trace->add_flag("--breakdown", c.trace_opts.breakdown, "print the time breakdown per step (the run stored it in /breakdown)");
 }
 
-// optcc sweep: an experiment file's runs (harness/tools/sweep.h); no config.
+// optcc sweep: an experiment file's runs (harness/experiments/sweep.h); no config.
 void add_sweep_command(CLI::App& app, Cli& c) {
   c.sweep = app.add_subcommand("sweep", "expand an experiment file (experiments/README.md) into its runs");
   c.sweep->add_option("experiment", c.sweep_opts.file, "experiment file (experiments/table2.yaml)")->required();
@@ -274,7 +280,7 @@ int eval_command(const Cli& c, int argc, char** argv) {
   return 0;
 }
 
-// optcc simulate and optcc calibrate (harness/tools/simulator.h, calibrate.h).
+// optcc simulate and optcc calibrate (harness/perfmodel/simulator.h, calibrate.h).
 void add_simulate_commands(CLI::App& app, Cli& c) {
   c.simulate = app.add_subcommand("simulate", "predict one iteration's time per scheme (discrete-event replay; runs nothing)");
   c.add_config(c.simulate);
@@ -333,13 +339,26 @@ int traffic_command(const Cli& c, Config cfg) {
   return 0;
 }
 
-int train_command(const Cli& c, const Config& cfg, int argc, char** argv) {
+TrainOptions train_options(const Cli& c, const Config& cfg, int argc, char** argv) {
   TrainOptions opts;
   opts.command_line = command_line(argc, argv);
   if (c.resume_opt->count() > 0 && c.resume != "auto") opts.resume = c.resume.empty() ? cfg.checkpoint_dir() : c.resume;
   // A Slurm requeue reruns the same command: inside a job, continue from the checkpoint by default.
   opts.resume_auto = c.resume == "auto" || (c.resume_opt->count() == 0 && std::getenv("SLURM_JOB_ID") != nullptr);
   opts.allow_config_change = c.allow_config_change;
+  return opts;
+}
+
+// How to prepare this run's data: the user's own --config and --set, so that an overridden
+// data.prefix (or data.sources, vocab_size) is the one prepared.
+std::string prepare_command(const Cli& c) {
+  std::string args = "--config " + shell_quote(c.config_path);
+  for (const auto& o : c.overrides) args += " --set " + shell_quote(o);
+  return fmt::format("`optcc data fetch {0}` and `optcc data prepare {0}`", args);
+}
+
+int train_command(const Cli& c, const Config& cfg, int argc, char** argv) {
+  const TrainOptions opts = train_options(c, cfg, argc, argv);
   install_stop_signal_handlers();  // SIGTERM / SIGUSR1: checkpoint after this step and exit 75 (stop_signal.h)
   std::signal(SIGXFSZ, SIG_IGN);   // a file-size limit is a write error naming the file, not a silent death
   TrainSummary s = run_training(cfg, opts);
@@ -406,6 +425,9 @@ int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
     return run_calibrate_command(cfg, c.calibrate_opts);
   }
   const bool is_launcher = c.nproc > 1 && std::getenv("OPTCC_RANK") == nullptr;
+  if (c.train->parsed() && std::getenv("OPTCC_RANK") == nullptr) {  // once, before any rank starts
+    check_run_inputs(cfg, train_options(c, cfg, argc, argv), prepare_command(c));
+  }
   if (is_launcher) {
     cfg.validate_layout(c.nproc);
     const auto nic_segment = make_launcher_nic_segment(cfg, c.nproc);  // emulated runs: shared NICs, unlinked at exit
@@ -417,6 +439,10 @@ int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
   if (c.data->parsed()) return data_command(c.data_action, cfg, c.data_retrain);
   if (c.bench_step->parsed()) return bench_command(c, cfg);
   if (c.show->parsed()) return config_show_command(cfg);
+  if (c.label->parsed()) {
+    std::cout << compression_label(cfg.compression) << "\n";
+    return 0;
+  }
   return 0;
 }
 

@@ -1,10 +1,10 @@
-// kernels/: the fp32 GEMM that the model's linear layers and the low-rank compressors run on
-// (issue 14). Below models/ and compression/, which both use it; includes nothing of optcc.
+// kernels/: the fp32 GEMM that the model's linear layers and the low-rank compressors run on,
+// one place to make them fast. Below models/ and compression/, which both use it; includes nothing of optcc.
 //
 // On CPU every fp32 GEMM here goes through oneDNN's dnnl_sgemm (Debian's libdnnl-dev, found by
 // CMake; OPTCC_HAVE_DNNL) when it was found at build time: on this project's shapes (tokens x
 // hidden activations against [out, in] weights; tall-skinny low-rank factors) it is 1.2-1.7x
-// faster than LibTorch's at::mm on OpenBLAS, one thread (README "Speed"). Otherwise, on CUDA, or
+// faster than LibTorch's at::mm on OpenBLAS, one thread (docs/speed.md). Otherwise, on CUDA, or
 // for other dtypes: ATen (at::mm / F::linear), the same math within fp32 round-off. The choice is
 // made once per process; OPTCC_GEMM=aten in the environment forces ATen (to compare the two).
 // oneDNN runs on the OpenMP threads LibTorch's set_num_threads sets (harness/parallel/threads.h).

@@ -1,5 +1,5 @@
-// kernels/thin_gemm.h: the three products of the low-rank compressors (CB's lowrank codec, spec
-// §2; PowerSGD, spec §5.1), where one dimension is the rank r of the factorisation (r ≤ 64):
+// kernels/thin_gemm.h: the three products of the low-rank compressors (CB's lowrank codec,
+// docs/design.md §2; PowerSGD, docs/design.md §6.2), where one dimension is the rank r of the factorisation (r ≤ 64):
 //
 //   project       P = M·Q       M [rows, cols] row-major, Q [cols, r]          -> P [rows, r]
 //   back-project  Q = Mᵀ·P̂      the same M (read by rows, never transposed)    -> Q [cols, r]

@@ -1,5 +1,5 @@
-// Model FLOPs: the one place the simulator (harness/tools/simulator.h), the calibration
-// (harness/tools/calibrate.h) and the benchmark (gpt_train_flops, models/gpt.h) take them from.
+// Model FLOPs: the one place the simulator (harness/perfmodel/simulator.h), the calibration
+// (harness/perfmodel/calibrate.h) and the benchmark (gpt_train_flops, models/gpt.h) take them from.
 // Pure arithmetic, no LibTorch.
 //
 // Megatron's count (Narayanan et al., SC'21, appendix; a multiply-add is 2 FLOPs), for one

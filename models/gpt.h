@@ -6,7 +6,7 @@
 //   * the word + position embeddings if it is the first stage;
 //   * the final LayerNorm and the tied output layer if it is the last stage. When the model has
 //     more than one stage, the last stage holds its own copy of the word embedding, initialised
-//     equal to stage 0's (spec §1.2) and kept equal by the embedding-gradient sync;
+//     equal to stage 0's (docs/design.md §1.2) and kept equal by the embedding-gradient sync;
 //   * of each of those, this tensor-parallel rank's shard (models/tensor_parallel.h): QKV and fc1
 //     are column-parallel (whole heads per rank), attention proj and fc2 row-parallel, the word
 //     embedding vocab-parallel, the loss vocab-parallel cross-entropy over the true vocabulary.
@@ -14,7 +14,7 @@
 //
 // Layout follows Megatron-LM: activations between blocks are sequence-first [s, b, h] (fp32, or the
 // compute dtype under mixed precision: GptOptions::compute_dtype), so the
-// tensors that cross pipeline stages have the layout Optimus-CC's compressor expects (spec §1.4).
+// tensors that cross pipeline stages have the layout Optimus-CC's compressor expects (docs/design.md §1.4).
 // The model makes no communication calls itself: all of it goes through the TP mapping functions.
 //
 // Initialisation is deterministic from `seed` and independent of thread count and layout: every

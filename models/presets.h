@@ -1,4 +1,4 @@
-// Model-size presets: the paper's GPT sizes (Optimus-CC §8.1, Megatron-LM) and small sizes that
+// Model-size presets: the paper's GPT sizes (docs/design.md §8.1; Megatron-LM) and small sizes that
 // train on a CPU in minutes. A preset fills model.{num_layers, hidden_size, num_heads, seq_len}.
 #pragma once
 

@@ -1,6 +1,6 @@
 // Where each parameter of a GPT stage lives in the whole model, and how it is split over the
 // tensor-parallel group: what merging a checkpoint's shards into one model and cutting a whole model
-// into another layout's shards need (harness/tools/checkpoint_reshard.h does the file side).
+// into another layout's shards need (harness/checkpoints/checkpoint_reshard.h does the file side).
 //
 // Nothing here is a second table of the model: the split of a parameter is asked from the layer
 // that registered it (TpSplit, tensor_parallel.h: ColumnParallelLinear splits weight and bias along

@@ -115,7 +115,7 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
 }  // namespace
 
 torch::Tensor init_full_normal(torch::IntArrayRef sizes, double std, uint64_t seed, uint64_t tag) {
-  auto gen = at::detail::createCPUGenerator(seed * 1000003ULL + tag);  // as gpt.cpp's init_normal
+  auto gen = at::detail::createCPUGenerator(seed * 1000003ULL + tag);  // every weight's draw (tensor_parallel.h)
   torch::NoGradGuard no_grad;
   auto w = torch::empty(sizes, torch::kFloat);
   w.normal_(0.0, std, gen);

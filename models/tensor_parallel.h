@@ -17,9 +17,9 @@
 // - `*tp` must outlive the autograd graph (backward uses it). Traffic is Traffic::kTensorParallel.
 // - Shards are contiguous blocks in group-rank order: rank r holds [r*n/t, (r+1)*n/t).
 //
-// Initialisation: each layer draws the FULL weight from its own generator (seed, tag), exactly as
-// models/gpt.cpp's init_normal does, then keeps its shard, so every TP size starts from the same
-// model and matches the unsharded GPT bit for bit.
+// Initialisation: each layer draws the FULL weight from its own generator (seed, tag) with
+// init_full_normal below, then keeps its shard, so every TP size starts from the same model and
+// matches the unsharded GPT (models/gpt.cpp with no TP group: t = 1) bit for bit.
 #pragma once
 
 #include <torch/torch.h>
@@ -31,8 +31,8 @@
 
 namespace optcc {
 
-/// A tensor of `sizes` fp32 ~ N(0, std) from the generator seeded with seed * 1000003 + tag (the
-/// same draw as gpt.cpp's init_normal on a tensor of the same shape). No grad.
+/// A tensor of `sizes` fp32 ~ N(0, std) from the generator seeded with seed * 1000003 + tag: the
+/// one draw of every GPT weight, sharded or not (models/gpt.cpp's position embedding too). No grad.
 torch::Tensor init_full_normal(torch::IntArrayRef sizes, double std, uint64_t seed, uint64_t tag);
 
 inline int tp_size(const Communicator* tp) { return tp ? tp->size() : 1; }

@@ -19,6 +19,7 @@
 #include <cmath>
 
 #include <filesystem>
+#include <map>
 #include <numeric>
 
 namespace optcc {
@@ -266,28 +267,17 @@ void validate_compression(const Config& c) {
   validate_reducer("compression.embedding", k.embedding);
   validate_codec(c, "compression.pipeline_forward", k.pipeline_forward);
   validate_codec(c, "compression.pipeline_backward", k.pipeline_backward);
-  (void)sc_way(c);  // throws on a bad compression.dp_stages
-  if (k.backward_phases != "all" && k.backward_phases != "epilogue") {
-    fail("compression.backward_phases", "'" + k.backward_phases + "'", "must be all or epilogue",
-         "use epilogue for the paper's epilogue-only CB (spec §4), all to compress every send");
-  }
-  if (k.lep != "lazy" && k.lep != "off" && k.lep != "per_microbatch" && k.lep != "lazy_iteration" &&
-      k.lep != "lazy_decay") {
-    fail("compression.lep", "'" + k.lep + "'", "must be lazy, off, per_microbatch, lazy_iteration or lazy_decay",
-         "use lazy (the paper's LEP), off (NON-LEP), per_microbatch (classic error feedback), lazy_iteration "
-         "(one buffer dropped every iteration) or lazy_decay (one buffer carried times compression.lep_decay)");
-  }
   if (!(k.lep_decay > 0.0 && k.lep_decay <= 1.0)) {
     fail("compression.lep_decay", fmt::format("{}", k.lep_decay), "must be in (0, 1] (the factor on the carried error)",
          "use e.g. 0.5; 1 carries the whole error as lep: lazy does");
   }
-  if (k.lep_decay != 1.0 && k.lep != "lazy_decay") {
+  if (k.lep_decay != 1.0 && k.lep != LepMode::kLazyDecay) {
     fail("compression.lep_decay", fmt::format("{}", k.lep_decay),
-         "is only used by compression.lep: lazy_decay (compression.lep is '" + k.lep + "')",
+         "is only used by compression.lep: lazy_decay (compression.lep is '" + to_string(k.lep) + "')",
          "set compression.lep: lazy_decay, or remove compression.lep_decay");
   }
-  if (k.pipeline_backward.name == "none" && k.lep != "lazy") {  // lep_decay needs lazy_decay (above)
-    fail("compression.lep", "'" + k.lep + "'",
+  if (k.pipeline_backward.name == "none" && k.lep != LepMode::kLazy) {  // lep_decay needs lazy_decay (above)
+    fail("compression.lep", "'" + to_string(k.lep) + "'",
          "acts on compressed backward sends, and compression.pipeline_backward is none (nothing to feed back)",
          "set compression.pipeline_backward (e.g. scheme cb), or leave lep at its default (lazy)");
   }
@@ -297,16 +287,16 @@ void validate_compression(const Config& c) {
   }
   if (k.tp.name != "none" && k.tp.name != "fp16" && k.tp.name != "bf16") {
     fail("compression.tp", "'" + k.tp.name + "'", "tensor-parallel all-reduces support none, fp16 or bf16",
-         "use one of them (the paper never compresses TP traffic, spec §9)");
+         "use one of them (the paper never compresses TP traffic, docs/design.md §9)");
   }
-  if (c.log.lep_orthogonality) {  // spec §3.3: the Fig. 11 check needs CB on every backward send
-    if (k.pipeline_backward.name == "none" || k.lep == "off") {
+  if (c.log.lep_orthogonality) {  // docs/design.md §3.3: the Fig. 11 check needs CB on every backward send
+    if (k.pipeline_backward.name == "none" || k.lep == LepMode::kOff) {
       fail("log.lep_orthogonality", "true", "the Fig. 11 check compares LEP errors, so it needs compression.pipeline_backward "
            "and compression.lep other than off", "set pipeline_backward: lowrank (scheme cb), or turn the check off");
     }
-    if (k.backward_phases == "epilogue") {
+    if (k.backward_phases == BackwardPhases::kEpilogue) {
       fail("log.lep_orthogonality", "true", "under backward_phases: epilogue the last stage compresses one micro-batch "
-           "per step, so no successive pair (j, j+1) exists (the reference forbids it too, spec §3.3)",
+           "per step, so no successive pair (j, j+1) exists (the reference forbids it too, docs/design.md §3.3)",
            "set compression.backward_phases: all for the Fig. 11 run (e.g. experiments/schemes/fig11-mini-3d.yaml)");
     }
   }
@@ -324,14 +314,14 @@ void check_grad_reduce_dtype(const Config& c) {
          "use fp32 (the default) or compute (train.precision's dtype on the wire, summed in fp32)");
   }
   if (v != "compute" || c.train.precision == "fp32" || c.compression.dp.name == "none") return;
-  if (c.compression.dp_stages == "all" || sc_way(c) >= c.parallel.pp) {
+  if (c.compression.dp_stages == DpStages::all() || sc_way(c) >= c.parallel.pp) {
     const bool cast = c.compression.dp.name == "bf16" || c.compression.dp.name == "fp16";
     fail("parallel.grad_reduce_dtype", "'compute'",
          fmt::format("acts on the DP gradients reduced uncompressed, and compression.dp = {}{} compresses them on "
                      "all {} stages (compression.dp_stages = {})",
                      c.compression.dp.name,
                      c.compression.scheme.empty() ? "" : fmt::format(" (set by compression.scheme = {})", c.compression.scheme),
-                     c.parallel.pp, c.compression.dp_stages),
+                     c.parallel.pp, c.compression.dp_stages.text()),
          cast ? fmt::format("set parallel.grad_reduce_dtype: fp32 (compression.dp: {} already sends every DP gradient "
                             "in 16 bits)", c.compression.dp.name)
               : "set parallel.grad_reduce_dtype: fp32, or let some stages reduce uncompressed (compression.dp_stages: "
@@ -492,18 +482,7 @@ YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec) {
   return o;
 }
 
-int64_t sc_way(const Config& c) {
-  const std::string& v = c.compression.dp_stages;
-  if (v == "all") return c.parallel.pp;
-  if (v == "auto") return -1;
-  int64_t way = 0;
-  std::string why;  // the same integer rules as every config value (compression/options.h)
-  if (!parse_integer_text(v, way, why) || way < 1) {
-    fail("compression.dp_stages", "'" + v + "'", "must be all, auto or a positive integer way",
-         "use all, auto, or e.g. 3 to compress stages 0..2 (spec §6.5)");
-  }
-  return std::min<int64_t>(way, c.parallel.pp);
-}
+int64_t sc_way(const Config& c) { return c.compression.dp_stages.way(c.parallel.pp); }
 
 std::string uncompressed_dp_dtype(const Config& c) {
   return c.parallel.grad_reduce_dtype == "compute" ? c.train.precision : "fp32";
@@ -525,12 +504,12 @@ void apply_compression_scheme(CompressionConfig& c, const std::string& name) {
   c = CompressionConfig{};
   c.scheme = name;
   if (name == "baseline") return;
-  // CB: rank-16 low-rank codec on activation gradients, epilogue-only, LEP (spec §8.1).
+  // CB: rank-16 low-rank codec on activation gradients, epilogue-only, LEP (docs/design.md §8.1).
   c.pipeline_backward.name = "lowrank";
   c.pipeline_backward.options.reset(YAML::Node(YAML::NodeType::Map));
   c.pipeline_backward.options["rank"] = 16;
-  c.backward_phases = "epilogue";
-  c.lep = name == "cb_nonlep" ? "off" : "lazy";
+  c.backward_phases = BackwardPhases::kEpilogue;
+  c.lep = name == "cb_nonlep" ? LepMode::kOff : LepMode::kLazy;
   if (name == "cb_fe" || name == "cb_fe_sc") c.fused_embedding = true;
   if (name == "cb_fe_sc") {  // PowerSGD rank 128 with error feedback on the first 3 stages
     c.dp.name = "powersgd";
@@ -538,7 +517,7 @@ void apply_compression_scheme(CompressionConfig& c, const std::string& name) {
     c.dp.options["rank"] = 128;
     c.dp.options["error_feedback"] = true;
     c.dp.options["warmup_steps"] = 0;
-    c.dp_stages = "3";
+    c.dp_stages = DpStages::first(3);
   }
 }
 

@@ -16,6 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "compression/pipeline_policy.h"
+#include "compression/stage_selection.h"
+
 namespace optcc {
 
 /// Thrown for any bad configuration input; what() is a complete, user-facing message.
@@ -42,7 +45,7 @@ struct ModelConfig {
   template <class V> void visit(V&& v);
 };
 
-/// `parallel:` process layout. Multi-rank execution arrives with the 3D-parallel work (issue 3).
+/// `parallel:` process layout: tp · pp · dp ranks (harness/parallel/layout.h).
 struct ParallelConfig {
   int64_t tp = 1;              // tensor-parallel size
   int64_t pp = 1;              // pipeline-parallel size (stages)
@@ -128,45 +131,49 @@ struct CompressorSpec {
   static YAML::Node clone(const YAML::Node& n) { return n.IsDefined() ? YAML::Clone(n) : YAML::Node(); }
 };
 
-/// `compression:` compressor per traffic class and the Optimus-CC techniques (spec §2-§6);
+/// `compression:` compressor per traffic class and the Optimus-CC techniques (docs/design.md §2-§6);
 /// `none` everywhere (the default) is the uncompressed baseline, bit-identical to it.
 ///   dp                 GradReducer (compression/grad_reducer.h registry): none, fp16, bf16,
 ///                      powersgd, topk, randomk, qsgd, signsgd.
-///   dp_stages          SC (spec §6.5): `all` (every stage compresses its DP gradients), an
+///   dp_stages          SC (docs/design.md §6.5): `all` (every stage compresses its DP gradients), an
 ///                      integer `way` (stages 0..way-1 compress, the rest reduce raw), or `auto`:
 ///                      a calibration step before training measures each stage's schedule end
 ///                      and raw DP all-reduce time, and stage k compresses iff its raw all-reduce
-///                      would end after stage 0's compressed one (spec §6.5's rule
+///                      would end after stage 0's compressed one (docs/design.md §6.5's rule
 ///                      T_raw(k) > (end_0 − end_k) + T_dp(0)); the choice is logged, stored in the
 ///                      results and the checkpoints (a resumed run keeps it).
 ///   embedding          GradReducer for the tied-embedding synchronisation (pair or FE group).
-///   fused_embedding    FE (spec §5.2): word-embedding gradients leave the DP reduction; one
+///   fused_embedding    FE (docs/design.md §5.2): word-embedding gradients leave the DP reduction; one
 ///                      all-reduce over {first, last stage} x all DP replicas per TP rank, ÷ dp.
 ///   pipeline_forward   ActCodec (compression/act_codec.h) for inter-stage activations.
-///   pipeline_backward  ActCodec for inter-stage activation gradients; `lowrank` = CB (spec §2).
-///   backward_phases    which backward sends are compressed: `all` or `epilogue` (spec §4).
-///   lep                error feedback of compressed backward sends (spec §3): `lazy` (one buffer
+///   pipeline_backward  ActCodec for inter-stage activation gradients; `lowrank` = CB (docs/design.md §2).
+///   backward_phases    which backward sends are compressed: `all` or `epilogue` (docs/design.md §4).
+///   lep                error feedback of compressed backward sends (docs/design.md §3): `lazy` (one buffer
 ///                      per rank, the paper), `off` (NON-LEP), `per_microbatch` (one per slot, m
 ///                      buffers), `lazy_iteration` (one buffer, dropped at the end of every
 ///                      iteration), `lazy_decay` (one buffer, carried scaled by lep_decay);
-///                      see harness/train/pipeline_codec.h.
+///                      see compression/pipeline_policy.h. Both names are parsed when the config
+///                      is loaded; an unknown one is refused there, naming the known ones.
 ///   lep_decay          β in (0, 1] of lep: lazy_decay (1 = lazy bit for bit); only with lazy_decay.
 ///   tp                 tensor-parallel all-reduces: none, fp16 or bf16 (cast on the wire).
 ///   scheme             a named row of the paper applied before the other keys of the section:
-///                      baseline | cb | cb_fe | cb_fe_sc | cb_nonlep (spec §8.1); "" = none.
+///                      baseline | cb | cb_fe | cb_fe_sc | cb_nonlep (docs/design.md §8.1); "" = none.
 struct CompressionConfig {
   std::string scheme = "";
   CompressorSpec dp;
-  std::string dp_stages = "all";
+  DpStages dp_stages;  // parsed at load (compression/stage_selection.h)
   CompressorSpec embedding;
   bool fused_embedding = false;
   CompressorSpec pipeline_forward;
   CompressorSpec pipeline_backward;
-  std::string backward_phases = "all";
-  std::string lep = "lazy";
+  BackwardPhases backward_phases = BackwardPhases::kAll;  // parsed at load (compression/pipeline_policy.h)
+  LepMode lep = LepMode::kLazy;
   double lep_decay = 1.0;
   CompressorSpec tp;
   template <class V> void visit(V&& v);
+  /// backward_phases, lep and lep_decay as the one policy object the pipeline codec and the traffic
+  /// model apply.
+  PipelinePolicy pipeline_policy() const { return {backward_phases, lep, lep_decay}; }
 };
 
 /// The scheme names `compression.scheme` accepts, and applying one (resets the section first).
@@ -174,14 +181,34 @@ std::vector<std::string> compression_scheme_names();
 /// Throws ConfigError naming the known schemes when `name` is unknown.
 void apply_compression_scheme(CompressionConfig& c, const std::string& name);
 
-/// `network:` link emulation (architecture.md §5; the cost model is in harness/link_emulator.h).
+/// True when the section compresses no traffic class (every compressor `none`, no FE): the
+/// uncompressed baseline, whatever `scheme` says.
+bool compresses_nothing(const CompressionConfig& c);
+
+/// What a run compresses, in one short label: the name a run goes by in the log, the results
+/// files' root attribute `compression`, `optcc sweep --json`, the results index, tables and legends.
+///   baseline           compresses_nothing();
+///   a scheme's name    the section acts exactly as that scheme (compression_scheme_names()) does,
+///                      whether or not `scheme` names it, e.g. cb_fe_sc;
+///   `S with ...`       `scheme` names S (not baseline) and other settings changed it: what differs
+///                      from S, e.g. `cb_fe_sc with dp=powersgd(error_feedback=true,rank=16,warmup_steps=0)`
+///                      or `cb with backward_phases=all lep=off`;
+///   else               the settings that differ from the uncompressed default, with the config's
+///                      own key names and the compressor's options (keys sorted), space-separated,
+///                      e.g. `dp=powersgd(rank=4)`, `dp=topk(fraction=0.01) dp_stages=2`,
+///                      `pipeline_backward=lowrank(rank=8) backward_phases=epilogue lep=off`.
+/// Settings that act on nothing are left out (lep without a compressed backward, dp_stages with
+/// dp none), so two runs that compress alike get one label.
+std::string compression_label(const CompressionConfig& c);
+
+/// `network:` link emulation (docs/architecture.md §5; the cost model is in harness/parallel/link_emulator.h).
 ///   emulate                delay every transfer of tp, pp_fwd, pp_bwd, dp and embedding traffic to
 ///                          what the declared links allow; computation runs at this machine's speed.
 ///                          Needs both bandwidths (directly or from `profile`). Refused when the
 ///                          ranks span more than one host (the shared NICs live in one machine's
 ///                          shared memory, and real links would only add to the declared ones).
-///   profile                a preset of the four link keys: "" (none) or paper-a100-ib200 (spec
-///                          §8.1: 25 GB/s per node, NVLink 300 GB/s; network_profile_names()). A link
+///   profile                a preset of the four link keys: "" (none) or paper-a100-ib200
+///                          (docs/design.md §8.1: 25 GB/s per node, NVLink 300 GB/s; network_profile_names()). A link
 ///                          key set explicitly (file or --set) wins, in whatever order the two come.
 ///   intra_node_gbps        GB/s (1e9 bytes/s) of the link between two ranks of one node, per
 ///                          direction; every pair has its own (NVLink-like, nothing shared).
@@ -193,7 +220,7 @@ void apply_compression_scheme(CompressionConfig& c, const std::string& name);
 ///                          Puts a CPU-sized model into the paper's communication/compute ratio;
 ///                          each experiment that uses it states how its value was chosen.
 ///   skip                   traffic classes whose transfers are skipped (tp, pp_fwd, pp_bwd, dp,
-///                          embedding; spec §8.3 [REC]): no real operation and no emulated time,
+///                          embedding; optcc's addition, docs/design.md §8.3): no real operation and no emulated time,
 ///                          shapes kept (a skipped receive yields zeros, a skipped all-reduce leaves
 ///                          the local tensor). Works with or without emulate; the results are
 ///                          marked `trainable_result = false`.
@@ -235,7 +262,7 @@ struct LogConfig {
   bool lep_orthogonality = false;  // Fig. 11 diagnostic on the last stage (/lep_orthogonality)
   bool lep_diagnostics = false;    // per compressed backward send, every sending rank (/lep_diagnostics)
   std::vector<int64_t> timeline_steps;  // steps (1-based, as logged) whose per-rank events go to
-                                        // /timeline and /breakdown (harness/timeline.h); [] = none,
+                                        // /timeline and /breakdown (harness/parallel/timeline.h); [] = none,
                                         // and then no event is recorded at all
   template <class V> void visit(V&& v);
 };
@@ -304,8 +331,9 @@ std::string to_yaml_value(const CompressorSpec& spec);
 /// micro_batch for view: reference; int8/int4: hidden).
 YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec);
 
-/// SC (spec §6.5): the number of leading stages that compress DP gradients: pp for `all`, the
-/// integer way capped at pp, or -1 for `auto` (decided at run time). Throws ConfigError otherwise.
+/// SC (docs/design.md §6.5): compression.dp_stages.way(parallel.pp), the number of leading stages
+/// that compress DP gradients: pp for `all`, the integer way capped at pp, or -1 for `auto`
+/// (decided at run time). Which stage compresses is stage_compresses_dp()'s (compression/stage_selection.h).
 int64_t sc_way(const Config& c);
 /// The precision name ("fp32", "bf16", "fp16") the uncompressed DP gradient all-reduce carries:
 /// train.precision's with parallel.grad_reduce_dtype: compute, else "fp32" (an fp32 run's compute

@@ -21,6 +21,15 @@ namespace {
 template <class T> const char* type_name() { return scalar_type_name<T>(); }
 template <> const char* type_name<std::vector<std::string>>() { return "a list of strings"; }
 template <> const char* type_name<std::vector<int64_t>>() { return "a list of integers"; }
+template <> const char* type_name<DpStages>() { return "all, auto or a positive integer (the leading stages that compress)"; }
+template <> const char* type_name<BackwardPhases>() {
+  static const std::string text = fmt::format("one of {}", fmt::join(backward_phases_names(), ", "));
+  return text.c_str();
+}
+template <> const char* type_name<LepMode>() {
+  static const std::string text = fmt::format("one of {}", fmt::join(lep_mode_names(), ", "));
+  return text.c_str();
+}
 template <> const char* type_name<CompressorSpec>() {
   return "a compressor name or a mapping {name: ..., <option>: ...}";
 }
@@ -29,6 +38,9 @@ std::string format_value(const std::string& v) { return v; }
 std::string format_value(int64_t v) { return std::to_string(v); }
 std::string format_value(double v) { return fmt::format("{}", v); }
 std::string format_value(bool v) { return v ? "true" : "false"; }
+std::string format_value(BackwardPhases v) { return to_string(v); }
+std::string format_value(const DpStages& v) { return v.text(); }
+std::string format_value(LepMode v) { return to_string(v); }
 std::string format_value(const CompressorSpec& c) {
   if (!c.options || c.options.size() == 0) return c.name;
   YAML::Emitter e;
@@ -58,6 +70,17 @@ bool parse(const YAML::Node& n, std::string& out, std::string& why) { return rea
 bool parse(const YAML::Node& n, int64_t& out, std::string& why) { return read_scalar(n, out, why); }
 bool parse(const YAML::Node& n, double& out, std::string& why) { return read_scalar(n, out, why); }
 bool parse(const YAML::Node& n, bool& out, std::string& why) { return read_scalar(n, out, why); }
+// The enum settings (compression/pipeline_policy.h): one of their names.
+template <class E, class = std::enable_if_t<std::is_enum_v<E>>>
+bool parse(const YAML::Node& n, E& out, std::string& why) {
+  std::string s;
+  if (!read_scalar(n, s, why)) return false;
+  return parse_name(s, out);
+}
+bool parse(const YAML::Node& n, DpStages& out, std::string& why) {
+  std::string s;
+  return read_scalar(n, s, why) && parse_dp_stages(s, out, why);
+}
 bool parse(const YAML::Node& n, CompressorSpec& out, std::string& why) {
   if (n.IsScalar()) {
     out.name = n.Scalar();
@@ -411,6 +434,10 @@ std::string to_yaml(const Config& const_cfg) {
         }
       } else if constexpr (std::is_same_v<T, std::string>) {
         out << YAML::DoubleQuoted << field;
+      } else if constexpr (std::is_enum_v<T>) {
+        out << YAML::DoubleQuoted << to_string(field);
+      } else if constexpr (std::is_same_v<T, DpStages>) {
+        out << YAML::DoubleQuoted << field.text();
       } else if constexpr (std::is_same_v<T, double>) {
         std::string s = fmt::format("{}", field);
         if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos &&

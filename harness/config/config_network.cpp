@@ -13,13 +13,13 @@ namespace {
 // One preset of the four link keys. Sources are given per value, so an experiment can say what it
 // assumes and a reader can check it. This table is the one source of these link numbers: the
 // simulator's hardware profiles name an entry (experiments/profiles/paper-a100-ib200.yaml:
-// `emulator_profile: paper-a100-ib200`, harness/tools/hardware_profile.h) instead of restating it.
+// `emulator_profile: paper-a100-ib200`, harness/perfmodel/hardware_profile.h) instead of restating it.
 struct NetworkProfile {
   const char* name;
   double intra_node_gbps, inter_node_gbps, intra_node_latency_us, inter_node_latency_us;
 };
 
-// paper-a100-ib200 (spec §8.1): nodes of 8 A100 (SXM4) behind ONE 200 Gb/s InfiniBand HDR HCA.
+// paper-a100-ib200 (docs/design.md §8.1): nodes of 8 A100 (SXM4) behind ONE 200 Gb/s InfiniBand HDR HCA.
 //   inter_node_gbps 25    200 Gb/s = 25 GB/s per direction, the whole node's (NCCL pinned to mlx5_0).
 //   intra_node_gbps 300   NVLink 3 on A100: 12 links x 25 GB/s = 300 GB/s per direction (600 GB/s
 //                         both ways; NVIDIA A100 datasheet).

@@ -1,5 +1,5 @@
 // Communicator: one c10d process group plus traffic accounting. Every byte that crosses ranks goes
-// through here (architecture.md §1), so bytes, calls and seconds are counted once, by traffic class
+// through here (docs/architecture.md §1), so bytes, calls and seconds are counted once, by traffic class
 // and link, where they go on the wire.
 //
 // Backends: ProcessGroupGloo (CPU tensors) and ProcessGroupNCCL (tensors on the rank's GPU; CUDA
@@ -12,14 +12,14 @@
 // on Gloo where the host waits for the network; compute and communication do not overlap here.
 // A group of one rank needs no process group: every operation is a no-op that records nothing.
 //
-// Byte accounting (per rank, what this rank sends under ring algorithms; optimus-cc-spec.md §9):
+// Byte accounting (per rank, what this rank sends under ring algorithms; docs/design.md §9):
 //   all_reduce of X bytes over n ranks     2(n-1)/n * X
 //   all_gather of X bytes per rank         (n-1) * X
 //   reduce_scatter of X bytes (input)      (n-1)/n * X
 //   broadcast of X bytes                   (n-1)/n * X   (pipelined ring)
 //   send of X bytes                        X            (recv records 0 bytes, 1 call)
 //
-// Link emulation and skipping (network: section; harness/link_emulator.h): with an emulator set
+// Link emulation and skipping (network: section; harness/parallel/link_emulator.h): with an emulator set
 // (set_emulator, only when network.emulate or network.skip is on), each operation of an emulated
 // class completes no earlier than the declared links allow, and its emulated seconds are recorded
 // beside the measured ones; a skipped class issues nothing and keeps shapes: a skipped recv fills
@@ -27,7 +27,7 @@
 // all_gather returns the gathered shape with this rank's part in its slot and zeros elsewhere, a
 // skipped reduce_scatter returns this rank's slice of its own input. Without an emulator the only
 // cost is one null-pointer test per operation.
-// Timeline (harness/timeline.h): while a recorder is active, every operation is an event (send,
+// Timeline (harness/parallel/timeline.h): while a recorder is active, every operation is an event (send,
 // recv, collective; emulated waits too). With emulation or an active timeline, a point-to-point
 // message also carries a 16-byte header (sender's post time and emulated start, on tag +
 // kHeaderTagOffset) and an 8-byte reply (receiver's post time, on tag + 2 kHeaderTagOffset), both
@@ -58,8 +58,8 @@
 
 namespace optcc {
 
-/// Traffic classes of 3D-parallel training (spec §9 rows), plus kControl for the few scalars of
-/// bookkeeping (global gradient norm, loss averaging, checks) that spec §9 leaves out.
+/// Traffic classes of 3D-parallel training (docs/design.md §9 rows), plus kControl for the few scalars of
+/// bookkeeping (global gradient norm, loss averaging, checks) that docs/design.md §9 leaves out.
 enum class Traffic { kTensorParallel, kPipelineForward, kPipelineBackward, kDataParallel, kEmbedding, kControl };
 constexpr int kNumTraffic = 6;
 const char* traffic_name(Traffic t);  // "tp", "pp_fwd", "pp_bwd", "dp", "embedding", "control"

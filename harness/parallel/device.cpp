@@ -34,7 +34,7 @@ Placement resolve_placement(const std::string& device, const std::string& backen
     refuse(dev ? "parallel.device" : "parallel.backend", dev ? "'cuda'" : "'nccl'",
            "needs GPUs and optcc's CUDA path, which this binary does not have (" + build + ")",
            std::string(dev ? "set parallel.device: cpu (or auto)" : "set parallel.backend: gloo (or auto)") +
-               " to train on CPU ranks; GPUs need optcc built against a CUDA LibTorch (README: Builds)");
+               " to train on CPU ranks; GPUs need optcc built against a CUDA LibTorch (docs/builds.md)");
   }
   Placement p;
   const bool gpu = device == "cuda" || (device == "auto" && built_with_cuda && gpus_visible > 0);

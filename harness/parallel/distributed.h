@@ -1,7 +1,7 @@
 // Process-level distributed set-up: rendezvous through c10d's TCPStore, then one Communicator per
 // group this rank belongs to (TP, DP, PP, model-parallel, embedding, fused embedding), built from the
 // pure RankLayout. Also the local launcher that forks + execs N ranks of this binary and supervises
-// them (architecture.md §4).
+// them (docs/architecture.md §4).
 #pragma once
 
 #include <chrono>

@@ -2,7 +2,7 @@
 // on, and whether a message between two ranks stays inside a node. Pure: no LibTorch and no
 // communicators (a later class creates one c10d group per list returned here).
 //
-// Megatron order, tensor-parallel fastest, then data-parallel, then pipeline (spec §1.1):
+// Megatron order, tensor-parallel fastest, then data-parallel, then pipeline (docs/design.md §1.1):
 //   rank = tp + TP * (dp + DP * pp)
 // With ranks_per_node a multiple of TP every TP group lies inside one node (NVLink), and PP and DP
 // traffic is what crosses nodes.
@@ -43,7 +43,7 @@ enum class GroupKind {
   kPipelineParallel,  // p ranks, fixed (tp, dp), ascending = ordered by stage
   kModelParallel,     // t*p ranks of one DP replica (grad-norm / inf-check all-reduces)
   kEmbedding,         // {stage 0, stage p-1} with the same (tp, dp): tied word-embedding sync
-  kFusedEmbedding,    // Optimus-CC FE, corrected (spec §5.3 [REC]): {stage 0, stage p-1} x all dp,
+  kFusedEmbedding,    // Optimus-CC FE, corrected (docs/design.md §5.3): {stage 0, stage p-1} x all dp,
                       // one group per tp index; NOT the reference's single 2*t*d group
 };
 std::string_view group_kind_name(GroupKind kind);  // "tp", "dp", "pp", "mp", "embedding", "fe"

@@ -1,5 +1,5 @@
 // Link emulation: makes every transfer of an emulated run last what the declared links allow
-// (architecture.md §5, issue 11), while computation runs at this machine's speed. The
+// (docs/architecture.md §5), while computation runs at this machine's speed. The
 // Communicator (communicator.h) calls it; network_setup.h builds it from the config's `network:`.
 //
 // Nodes are `parallel.ranks_per_node` consecutive ranks (RankLayout::node_of). A link between two
@@ -39,7 +39,7 @@
 // bookkeeping scalars and the per-step record gather) is never delayed. The emulation's own small
 // messages (headers, agreement all-reduces) are not counted as traffic.
 //
-// Skipping (network.skip, spec §8.3 [REC]): a skipped class issues no real operation and no
+// Skipping (network.skip, optcc's addition, docs/design.md §8.3): a skipped class issues no real operation and no
 // emulated time; shapes are kept (communicator.h documents what each operation returns then).
 //
 // Multi-host runs (Slurm over several nodes, torchrun across hosts): refused at start-up
@@ -67,7 +67,7 @@ struct LinkParams {
   double inter_latency_s = 0;
   double scale = 1.0;            // multiplies every emulated time
   /// NICs per node (the runtime: 1, the paper's nodes). With k > 1 (the simulator's multi-HCA
-  /// nodes, harness/tools/simulator.h) a rank uses NIC node·k + local_rank·k / ranks_per_node
+  /// nodes, harness/perfmodel/simulator.h) a rank uses NIC node·k + local_rank·k / ranks_per_node
   /// (rail-style: consecutive ranks share one), and `inter` is the bandwidth of ONE such NIC.
   int nics_per_node = 1;
   std::array<bool, kNumTraffic> skip{};  // per Traffic class

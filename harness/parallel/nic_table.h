@@ -1,6 +1,6 @@
-// NIC table: the shared network interfaces of emulated nodes (architecture.md §5, issue 11).
+// NIC table: the shared network interfaces of emulated nodes (docs/architecture.md §5).
 //
-// On the paper's cluster the 8 GPUs of a node share ONE 200 Gb/s HCA (spec §8.1), so concurrent
+// On the paper's cluster the 8 GPUs of a node share ONE 200 Gb/s HCA (docs/design.md §8.1), so concurrent
 // inter-node transfers of ranks of one node queue behind each other. Link emulation models each
 // node's NIC, per direction (transmit, receive), as a "busy until" time: a rank that wants to move
 // B bytes across nodes reserves B / bandwidth of its node's NIC, starting when the NIC is free.
@@ -17,7 +17,7 @@
 //     environment variable OPTCC_NIC_SHM (kNicShmEnv) and unlinks it when it exits;
 //   - single-host srun / torchrun jobs have no launcher of ours: local rank 0 creates the segment
 //     under a name derived from the rendezvous, the others open it, and rank 0 unlinks it once all
-//     have mapped it (harness/network_setup.cpp);
+//     have mapped it (harness/train/network_setup.cpp);
 //   - ranks as threads (tests) share one LocalNicTable.
 // Multi-host jobs never get here: emulation is refused when the ranks span more than one host.
 #pragma once

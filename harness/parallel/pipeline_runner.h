@@ -15,7 +15,7 @@
 //             x's gradient (dL/dx, zeros if the stage ignored x) is sent to stage k-1.
 //   Afterwards x, y and their graph are released: at most the schedule's in-flight micro-batches
 //   (1F1B: min(p-k, m); GPipe: m) hold activations at any time. The output's storage is not
-//   replaced by a placeholder after its send (Megatron's optional output deallocation, spec §1.3).
+//   replaced by a placeholder after its send (Megatron's optional output deallocation, docs/design.md §1.3).
 // m < p works (BR-12): the plan then has no steady state.
 //
 // Errors: std::invalid_argument when forward returns the wrong thing (not a scalar loss on the last

@@ -18,7 +18,7 @@ namespace optcc {
 
 enum class PipeOp { kForward, kBackward };
 
-// Phases, as in Megatron's non-interleaved 1F1B (spec §1.3), stage k of p, m micro-batches:
+// Phases, as in Megatron's non-interleaved 1F1B (docs/design.md §1.3), stage k of p, m micro-batches:
 //   kWarmup   the w_k = min(p - k - 1, m) forwards that run ahead of the steady state;
 //   kSteady   the r_k = m - w_k pairs "forward of micro-batch w_k + j, then backward of j";
 //   kCooldown the last w_k backwards (Megatron's "flush", the paper's "epilogue").
@@ -78,7 +78,7 @@ struct P2PMessage {
 // One call: its messages are posted together and all waited on. `flush` marks a call that moves
 // backward gradients only (no forward message fused into it): in 1F1B the last steady-state
 // SEND_BWD and every cool-down RECV_BWD / SEND_BWD, in GPipe every backward call. Epilogue-only
-// CB (spec §4) compresses a gradient iff its call is flush; the flags of the two ends of every
+// CB (docs/design.md §4) compresses a gradient iff its call is flush; the flags of the two ends of every
 // message agree (checked by simulate()).
 struct P2PCall {
   std::vector<P2PMessage> messages;  // never empty
@@ -97,7 +97,7 @@ struct StageStep {
 
 // The plan of one stage, derived from schedule.actions(). Directions to a neighbour that does not
 // exist (stage 0 has no previous, the last stage no next) are omitted, and so are calls left empty.
-// For 1F1B this is exactly spec §1.3's call sequence.
+// For 1F1B this is exactly docs/design.md §1.3's call sequence.
 std::vector<StageStep> communication_plan(const PipelineSchedule& schedule, int stage, int stages,
                                           int microbatches);
 

@@ -1,4 +1,4 @@
-// StageLink: point-to-point between adjacent stages of one pipeline (spec §1.4), in Megatron's
+// StageLink: point-to-point between adjacent stages of one pipeline (docs/design.md §1.4), in Megatron's
 // vocabulary (send_forward / recv_forward / send_backward / recv_backward and the two fused
 // exchanges), driven generically by the schedule's calls (P2PCall, harness/parallel/schedule.h).
 //
@@ -15,7 +15,7 @@
 // (direction, micro-batch, payload part), so a plan mismatch ends in a named timeout on Gloo
 // instead of silently crossed tensors (BR-11). NCCL ignores tags: order alone matches there.
 //
-// Scatter-gather (Megatron's default, spec §1.4): with a TP group of t > 1 ranks and t | N, where N
+// Scatter-gather (Megatron's default, docs/design.md §1.4): with a TP group of t > 1 ranks and t | N, where N
 // is the message's element count (s*b*h), TP rank i sends only the flat elements [i*N/t, (i+1)*N/t)
 // to TP rank i of the neighbour stage; the receiver all-gathers the t slices over its TP group and
 // views the result as [s, b, h]. Otherwise every TP rank sends the whole tensor.
@@ -47,7 +47,7 @@
 
 namespace optcc {
 
-/// Hook for compressing messages (CB, spec §2; harness/train/pipeline_codec.h adapts the ActCodecs):
+/// Hook for compressing messages (CB, docs/design.md §2; harness/train/pipeline_codec.h adapts the ActCodecs):
 /// what travels for one message. The sender hands encode() this TP rank's flat slice (1-D: N/t
 /// elements with scatter-gather, N without) and posts the returned tensors in order; the receiver
 /// allocates tensors of wire_shapes() / wire_dtypes(), receives them and decode()s them into the

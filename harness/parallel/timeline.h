@@ -1,5 +1,5 @@
-// Timeline: per-rank events with start and end, for the steps `log.timeline_steps` selects
-// (issue 11). Written to /timeline of the results (harness/timeline_records.h), exported as Chrome
+// Timeline: per-rank events with start and end, for the steps `log.timeline_steps` selects,
+// to show where an emulated step's time goes. Written to /timeline of the results (harness/train/timeline_records.h), exported as Chrome
 // trace-event JSON and reduced to the Fig. 10 breakdown by `optcc trace` (harness/tools/trace.h, harness/train/breakdown.h).
 //
 // Recording is pull-free and cheap when off: every hook is a TimelineScope (or a Communicator

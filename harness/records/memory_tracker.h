@@ -1,6 +1,6 @@
 // MemoryTracker: bytes of tensor memory this process holds, and the peak, from LibTorch's own
 // allocation reports (c10::MemoryReportingInfoBase, the hook the autograd profiler uses), so that
-// Fig. 12 style numbers (spec §8.3: memory per rank by component) are measured, not estimated.
+// Fig. 12 style numbers (docs/design.md §8.3: memory per rank by component) are measured, not estimated.
 //
 // Who calls what: one tracker per rank, installed on the training thread with install() before
 // the model is built; LibTorch propagates it to its intra-op and autograd threads. CPU tensors

@@ -1,4 +1,4 @@
-// Results writer: one HDF5 file per run, written by one rank (architecture §6).
+// Results writer: one HDF5 file per run, written by one rank (docs/architecture.md §6).
 //
 // File layout
 //   /                      root attributes, all UTF-8 variable-length strings (h5py reads them as str):

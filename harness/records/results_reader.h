@@ -1,4 +1,4 @@
-// Reading a results file back (the writer is harness/metrics.h, whose layout this follows): one
+// Reading a results file back (the writer is harness/records/metrics.h, whose layout this follows): one
 // table's columns and root string attributes. Used by `optcc trace` and tests. Opens the file
 // read-only with file locking off (HDF5 >= 1.10.7), so it works on a finished run and between the
 // flushes of a running one (metrics.h: "Reading a live run").

@@ -1,5 +1,5 @@
 // `optcc trace`: the timeline of a results file as Chrome trace-event JSON (Perfetto,
-// chrome://tracing), and the Fig. 10 time breakdown (spec §8.3) computed from it.
+// chrome://tracing), and the Fig. 10 time breakdown (docs/design.md §8.3) computed from it.
 //
 // Chrome trace: one complete event ("ph": "X") per timeline event with name (kind, plus " mb N"
 // for a micro-batch), cat (stream), ts and dur (µs), pid = global rank, tid = stream (a stream

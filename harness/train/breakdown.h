@@ -1,4 +1,4 @@
-// The Fig. 10 time breakdown (spec §8.3) of a step, computed from the per-rank timeline events
+// The Fig. 10 time breakdown (docs/design.md §8.3) of a step, computed from the per-rank timeline events
 // (timeline.h). Used by the trainer for /breakdown and by `optcc trace --breakdown`.
 //
 // Breakdown method (per step):

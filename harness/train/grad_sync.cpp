@@ -28,6 +28,15 @@ void sync_tied_embedding_grad(GptModel& model, Communicator* embedding) {
   w.mutable_grad() = g;
 }
 
+std::unique_ptr<GradReducer> make_dp_reducer(const Config& cfg, bool compresses) {
+  if (compresses && cfg.compression.dp.name != "none") {
+    Registry<GradReducer> registry;
+    register_builtin_grad_reducers(registry);
+    return registry.create(cfg.compression.dp.name, cfg.compression.dp.options);
+  }
+  return std::make_unique<NoneReducer>(precision_dtype(uncompressed_dp_dtype(cfg)));
+}
+
 GradientSync::GradientSync(const Config& cfg, GptModel& model, Communicator* dp, Communicator* embedding,
                            Communicator* fused_embedding, int stage, std::optional<bool> compress_dp)
     : model_(model),
@@ -41,17 +50,14 @@ GradientSync::GradientSync(const Config& cfg, GptModel& model, Communicator* dp,
   if (compress_dp) {
     compress_dp_ = *compress_dp;
   } else {
-    const int64_t way = sc_way(cfg);
-    if (way < 0) throw std::invalid_argument("GradientSync: compression.dp_stages = auto needs the stage's choice");
-    compress_dp_ = stage < way;
+    if (cfg.compression.dp_stages == DpStages::automatic()) {
+      throw std::invalid_argument("GradientSync: compression.dp_stages = auto needs the stage's choice");
+    }
+    compress_dp_ = stage_compresses_dp(cfg.compression.dp_stages, stage, cfg.parallel.pp, cfg.compression.dp.name != "none");
   }
-  if (compress_dp_) {
-    dp_reducer_ = registry.create(cfg.compression.dp.name, cfg.compression.dp.options);
-  } else {
-    auto none = std::make_unique<NoneReducer>(precision_dtype(uncompressed_dp_dtype(cfg)));
-    uncompressed_ = none.get();
-    dp_reducer_ = std::move(none);
-  }
+  compress_dp_ = compress_dp_ && cfg.compression.dp.name != "none";
+  dp_reducer_ = make_dp_reducer(cfg, compress_dp_);
+  if (!compress_dp_) uncompressed_ = static_cast<NoneReducer*>(dp_reducer_.get());
   if (cfg.compression.embedding.name != "none") {
     embedding_reducer_ = registry.create(cfg.compression.embedding.name, cfg.compression.embedding.options);
     embedding_reducer_->set_traffic_class(Traffic::kEmbedding);

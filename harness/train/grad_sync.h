@@ -1,4 +1,4 @@
-// Gradient reduction after a step's pipeline schedule (the baseline order of spec §1.2; the class
+// Gradient reduction after a step's pipeline schedule (the baseline order of docs/design.md §1.2; the class
 // GradientSync below adds FE, SC and the embedding reducer on top of these steps):
 //   1. data parallel: the configured GradReducer (compression/grad_reducer.h; `none` is Megatron
 //      v2.5 "local DDP": one flattened buffer, divided by dp, all-reduced after the schedule
@@ -30,9 +30,15 @@ std::vector<torch::Tensor> ensure_grads(const std::vector<torch::Tensor>& params
 /// Step 2. No-op when `embedding` is null (middle stages) or has one rank (pp == 1).
 void sync_tied_embedding_grad(GptModel& model, Communicator* embedding);
 
-/// Steps 1-2 with the configured compressors, for one rank (spec §1.2, §5.2, §5.5, §6.5):
-///   - SC: this stage reduces its DP gradients with compression.dp when its index < sc_way()
-///     (all stages for `all`), else with `none` (raw); compresses_dp() tells which.
+/// The DP reducer of a stage: compression.dp when `compresses` (SC's choice for the stage) and
+/// compression.dp is not `none`; otherwise the uncompressed NoneReducer with
+/// parallel.grad_reduce_dtype's wire. GradientSync and the traffic model build it here.
+/// std::invalid_argument from the registry for an unknown name or option.
+std::unique_ptr<GradReducer> make_dp_reducer(const Config& cfg, bool compresses);
+
+/// Steps 1-2 with the configured compressors, for one rank (docs/design.md §1.2, §5.2, §5.5, §6.5):
+///   - SC: this stage reduces its DP gradients with compression.dp when stage_compresses_dp()
+///     (compression/stage_selection.h) says so, else with `none` (raw); compresses_dp() tells which.
 ///   - Baseline embedding sync (fused_embedding: false): the word-embedding gradient is in the DP
 ///     list; afterwards the first and last stage sum it over the 2-rank embedding group (through
 ///     compression.embedding when that is not `none`: its mean over the pair, times 2).
@@ -41,7 +47,7 @@ void sync_tied_embedding_grad(GptModel& model, Communicator* embedding);
 ///     group per TP rank, RankLayout::fused_embedding_group) and divide by d. Equal to the baseline
 ///     in exact arithmetic, and to 0 ULP when the sums are exact (BR-09: 5.0 everywhere). With a
 ///     compressing embedding reducer: its mean over the 2d ranks, times 2. The DP reducer never
-///     touches (so never zeroes) the embedding gradient (spec §5.4).
+///     touches (so never zeroes) the embedding gradient (docs/design.md §5.4).
 ///   - parallel.grad_reduce_dtype: compute on a bf16/fp16 run: the uncompressed DP reduction (the
 ///     `none` reducer of every stage that does not compress) carries the compute dtype on the wire
 ///     and still sums in fp32 (NoneReducer in compression/grad_reducer.h: the gradients ÷ dp, times
@@ -54,7 +60,7 @@ void sync_tied_embedding_grad(GptModel& model, Communicator* embedding);
 /// collectives of the step are still issued, so the peers never wait in vain.
 class GradientSync {
  public:
-  /// `compress_dp`: whether this stage compresses its DP gradients; nullopt = stage < sc_way(cfg)
+  /// `compress_dp`: whether this stage compresses its DP gradients; nullopt = stage_compresses_dp() for the stage
   /// (required for dp_stages: auto, which the caller resolves: std::invalid_argument otherwise).
   GradientSync(const Config& cfg, GptModel& model, Communicator* dp, Communicator* embedding,
                Communicator* fused_embedding, int stage, std::optional<bool> compress_dp = std::nullopt);

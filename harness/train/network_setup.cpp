@@ -96,7 +96,7 @@ void log_network(const NetworkConfig& n, const RankLayout& layout) {
   }
   if (!n.skip.empty()) {
     spdlog::warn("network.skip = [{}]: these transfers are skipped (shapes kept, zeros received); the results are "
-                 "marked trainable_result = false and are only good for timing by difference (spec §8.3)",
+                 "marked trainable_result = false and are only good for timing by difference (docs/design.md §8.3)",
                  fmt::join(n.skip, ", "));
   }
 }

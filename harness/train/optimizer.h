@@ -1,5 +1,5 @@
 // AdamW with decoupled weight decay (biases and LayerNorm excluded), warm-up + cosine LR, and
-// clipping by global gradient norm. Megatron-LM's recipe (optimus-cc-spec.md §1.2 step 5-6).
+// clipping by global gradient norm. Megatron-LM's recipe (docs/design.md §1.2 step 5-6).
 #pragma once
 
 #include <torch/torch.h>

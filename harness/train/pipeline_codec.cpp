@@ -24,40 +24,11 @@ std::unique_ptr<ActCodec> drop_none(std::unique_ptr<ActCodec> c) {
 
 }  // namespace
 
-BackwardPhases parse_backward_phases(const std::string& s) {
-  if (s == "all") return BackwardPhases::kAll;
-  if (s == "epilogue") return BackwardPhases::kEpilogue;
-  throw std::invalid_argument("backward_phases '" + s + "' (known: all, epilogue)");
-}
-
-LepMode parse_lep_mode(const std::string& s) {
-  if (s == "off") return LepMode::kOff;
-  if (s == "lazy") return LepMode::kLazy;
-  if (s == "per_microbatch") return LepMode::kPerMicrobatch;
-  if (s == "lazy_iteration") return LepMode::kLazyIteration;
-  if (s == "lazy_decay") return LepMode::kLazyDecay;
-  throw std::invalid_argument("lep '" + s + "' (known: lazy, off, per_microbatch, lazy_iteration, lazy_decay)");
-}
-
-std::string to_string(BackwardPhases p) { return p == BackwardPhases::kAll ? "all" : "epilogue"; }
-std::string to_string(LepMode m) {
-  switch (m) {
-    case LepMode::kOff: return "off";
-    case LepMode::kLazy: return "lazy";
-    case LepMode::kPerMicrobatch: return "per_microbatch";
-    case LepMode::kLazyIteration: return "lazy_iteration";
-    case LepMode::kLazyDecay: return "lazy_decay";
-  }
-  return "?";
-}
-
 PipelineCodec::PipelineCodec(std::unique_ptr<ActCodec> forward, std::unique_ptr<ActCodec> backward,
                              BackwardPhases phases, LepMode lep, double decay)
     : forward_(drop_none(std::move(forward))),
       backward_(drop_none(std::move(backward))),
-      phases_(phases),
-      lep_(lep),
-      decay_(decay) {
+      policy_{phases, lep, decay} {
   if (!(decay > 0.0 && decay <= 1.0)) {
     throw std::invalid_argument(fmt::format("lep decay {} must be in (0, 1]", decay));
   }
@@ -69,7 +40,7 @@ PipelineCodec::PipelineCodec(std::unique_ptr<ActCodec> forward, std::unique_ptr<
 bool PipelineCodec::compresses(const P2PMessage& msg, const P2PCall& call) const {
   if (is_forward(msg.dir)) return forward_ != nullptr;
   if (!backward_) return false;
-  return phases_ == BackwardPhases::kAll || call.flush;
+  return policy_.compresses_backward_send(call.flush);
 }
 
 const ActCodec* PipelineCodec::codec_for(const P2PMessage& msg, const P2PCall& call) const {
@@ -114,7 +85,7 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
   torch::Tensor carried;  // what is added to this send: the buffer, or β·buffer
   int carried_age = -1;
   const int key = lep_key(msg.microbatch);
-  if (!forward && lep_ != LepMode::kOff) {
+  if (!forward && policy_.lep != LepMode::kOff) {
     err = &lep_buffers_[key];
     if (err->defined()) {
       if (err->numel() != x.numel()) {
@@ -123,7 +94,7 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
             "size changed between sends; LEP needs one slice size)", err->numel(), x.numel()));
       }
       if (err->device() != x.device()) *err = err->to(x.device());  // read from a checkpoint on the host
-      carried = lep_ == LepMode::kLazyDecay && decay_ != 1.0 ? *err * decay_ : *err;
+      carried = policy_.lep == LepMode::kLazyDecay && policy_.lep_decay != 1.0 ? *err * policy_.lep_decay : *err;
       carried_age = static_cast<int>(iteration_ - lep_made_at_[key]);
       x = x + carried;  // never modifies the caller's tensor
     }
@@ -195,7 +166,7 @@ void PipelineCodec::record_lep_send(int mb, const torch::Tensor& slice, const to
   }
   lep_records_.push_back(r);
   if (now != diag_acts_.end()) {
-    if (lep_ != LepMode::kOff) lep_src_acts_[key] = now->second;
+    if (policy_.lep != LepMode::kOff) lep_src_acts_[key] = now->second;
     diag_acts_.erase(now);
   }
 }
@@ -215,11 +186,7 @@ int64_t PipelineCodec::lep_bytes() const {
 
 int64_t PipelineCodec::codec_state_bytes() const {
   int64_t n = 0;
-  for (const ActCodec* c : {forward_.get(), backward_.get()}) {
-    if (const auto* lr = dynamic_cast<const LowRankCodec*>(c); lr && lr->q().defined()) {
-      n += lr->q().numel() * static_cast<int64_t>(lr->q().element_size());
-    }
-  }
+  for (const ActCodec* c : {forward_.get(), backward_.get()}) n += c ? c->state_bytes() : 0;
   return n;
 }
 
@@ -233,7 +200,7 @@ void PipelineCodec::begin_step() {
 }
 
 void PipelineCodec::end_step() {
-  if (lep_ != LepMode::kLazyIteration) return;
+  if (policy_.lep != LepMode::kLazyIteration) return;
   lep_peak_bytes_ = std::max(lep_peak_bytes_, lep_bytes());
   lep_buffers_.clear();  // no error crosses the optimizer step
   lep_made_at_.clear();
@@ -329,8 +296,8 @@ std::vector<TensorSpec> PipelineCodec::expected_state() const {
     if (!codecs[i] || slices[i] <= 0) continue;
     for (auto spec : codecs[i]->state_for(slices[i])) out.push_back({names[i] + ("." + spec.name), spec.shape});
   }
-  if (!backward_ || slices[1] <= 0 || lep_ == LepMode::kOff || lep_ == LepMode::kLazyIteration) return out;
-  if (lep_ != LepMode::kPerMicrobatch) {
+  if (!backward_ || slices[1] <= 0 || policy_.lep == LepMode::kOff || policy_.lep == LepMode::kLazyIteration) return out;
+  if (policy_.lep != LepMode::kPerMicrobatch) {
     out.push_back({"lep", {slices[1]}});
   } else {
     for (int64_t mb = 0; mb < expected_->microbatches; ++mb) out.push_back({"lep." + std::to_string(mb), {slices[1]}});
@@ -348,7 +315,7 @@ std::vector<TensorSpec> PipelineCodec::held_state() const {
   }
   for (const auto& [mb, t] : lep_buffers_) {
     if (!t.defined()) continue;
-    out.push_back({lep_ != LepMode::kPerMicrobatch ? std::string("lep") : "lep." + std::to_string(mb), t.sizes().vec()});
+    out.push_back({policy_.lep != LepMode::kPerMicrobatch ? std::string("lep") : "lep." + std::to_string(mb), t.sizes().vec()});
   }
   return out;
 }
@@ -373,7 +340,7 @@ void PipelineCodec::restore(Snapshot s) {
 
 std::shared_ptr<PipelineCodec> PipelineCodec::fork() const {
   auto f = std::make_shared<PipelineCodec>(forward_ ? forward_->clone() : nullptr,
-                                           backward_ ? backward_->clone() : nullptr, phases_, lep_, decay_);
+                                           backward_ ? backward_->clone() : nullptr, policy_.phases, policy_.lep, policy_.lep_decay);
   for (const auto& [mb, t] : lep_buffers_) f->lep_buffers_[mb] = t.defined() ? t.clone() : t;
   f->lep_made_at_ = lep_made_at_;
   f->iteration_ = iteration_;

@@ -1,18 +1,20 @@
 // PipelineCodec: the MessageCodec (stage_link.h) that puts ActCodecs (compression/act_codec.h) on
 // the pipeline's point-to-point messages, with Optimus-CC's policies:
-//   - Compressed backpropagation (CB, spec §2): activation gradients sent from stage k to k−1 go
+//   - Compressed backpropagation (CB, docs/design.md §2): activation gradients sent from stage k to k−1 go
 //     through the backward codec (`lowrank` rank 16 in the paper) on each TP rank's own flat slice;
 //     the receiver decodes and StageLink all-gathers the slices over TP as usual.
-//   - Epilogue-only (spec §4): with BackwardPhases::kEpilogue only flush calls (the last
+// The policy's settings and rules (which sends are compressed, how many LEP buffers) are
+// compression/pipeline_policy.h's; this class applies them to the messages.
+//   - Epilogue-only (docs/design.md §4): with BackwardPhases::kEpilogue only flush calls (the last
 //     steady-state send and the cool-down) are compressed. Sender and receiver take the decision
 //     from the call's flush flag, which the schedule sets identically on both ends
 //     (schedule.h: backward_send_is_epilogue == backward_recv_is_epilogue of the peer).
-//   - Lazy error propagation (LEP, spec §3.1): LepMode::kLazy keeps ONE buffer per rank, the size
+//   - Lazy error propagation (LEP, docs/design.md §3.1): LepMode::kLazy keeps ONE buffer per rank, the size
 //     of one outgoing slice, added to the next compressed send (whatever its micro-batch or
 //     iteration) and replaced by that send's error: sent + new error = slice + old error.
 //     kPerMicrobatch keeps one buffer per micro-batch slot (classic error feedback, the alternative
 //     the paper argues against; m buffers); kOff drops the error (the NON-LEP ablation).
-//     Two variants keep LEP's one-buffer memory (issue 16's study): kLazyIteration drops the
+//     Two variants keep LEP's one-buffer memory (the study of paper/lep-study.md): kLazyIteration drops the
 //     buffer at the end of every iteration (end_step), so no error is carried across an optimizer
 //     step into other weights and other tokens; kLazyDecay carries β·error (β = `decay` in (0, 1];
 //     β = 1 is kLazy bit for bit): sent + new error = slice + β·old error.
@@ -26,16 +28,16 @@
 // Who calls what: one PipelineCodec per rank, handed to that rank's StageLink; all ranks of a
 // pipeline must be built from the same options (the receiver derives shapes and dtypes from them).
 // Encoding runs in fp32 (the slice is cast when the link's dtype differs); compressed parts travel
-// in the codec's wire dtypes (lowrank: fp32 P̂ and Q whatever the training dtype, spec §10 item 5).
+// in the codec's wire dtypes (lowrank: fp32 P̂ and Q whatever the training dtype, docs/design.md §10.5).
 //
-// LEP diagnostics (issue 16), off unless enabled: one LepSendRecord per compressed backward send,
+// LEP diagnostics (for paper/lep-study.md), off unless enabled: one LepSendRecord per compressed backward send,
 // cheap enough to leave on (a few dot products over the slice, one copy of each received forward
 // activation slice until its backward send): the relative compression error ‖e_new‖/‖slice‖, the
 // cosine of the carried error with the slice it is added to, and Fig. 11's cosine of the carried
 // error with the activation change X_src − X_now between the micro-batch that left the error and
 // the one it is added to (on this TP rank's slice; across iterations when the error was carried over).
 //
-// Fig. 11 check (spec §3.3), off unless enabled: on each rank, per step, the received
+// Fig. 11 check (docs/design.md §3.3), off unless enabled: on each rank, per step, the received
 // forward activation slice of every micro-batch (before the TP all-gather, so it is this TP rank's
 // slice) and the LEP error left by each compressed backward send; orthogonality() then gives, for
 // successive micro-batches j, j+1 with both recorded, cos(e_j, X_j − X_{j+1}), mean(e_j) and
@@ -52,19 +54,10 @@
 #include <vector>
 
 #include "compression/act_codec.h"
+#include "compression/pipeline_policy.h"
 #include "harness/parallel/stage_link.h"
 
 namespace optcc {
-
-enum class BackwardPhases { kAll, kEpilogue };
-enum class LepMode { kOff, kLazy, kPerMicrobatch, kLazyIteration, kLazyDecay };
-
-/// "all" | "epilogue"; "off" | "lazy" | "per_microbatch" | "lazy_iteration" | "lazy_decay".
-/// std::invalid_argument otherwise.
-BackwardPhases parse_backward_phases(const std::string& s);
-LepMode parse_lep_mode(const std::string& s);
-std::string to_string(BackwardPhases p);
-std::string to_string(LepMode m);
 
 /// Message counts and bytes since the last reset_stats() (this rank's sends only).
 struct PipelineCodecStats {
@@ -79,7 +72,7 @@ struct PipelineCodecStats {
   double decode_seconds = 0;              // wall time in decode() of compressed messages, s
 };
 
-/// One compressed backward send's LEP diagnostics (issue 16). Norms are L2 over this rank's fp32
+/// One compressed backward send's LEP diagnostics (paper/lep-study.md). Norms are L2 over this rank's fp32
 /// slice; cosines are NaN where undefined (no carried error, a zero vector, no activation known).
 struct LepSendRecord {
   int microbatch = 0;
@@ -92,7 +85,7 @@ struct LepSendRecord {
   int carried_age = -1;            // iterations since the carried error was made: 0 same, 1 the previous; -1 none
 };
 
-/// Fig. 11 series for one step (spec §3.3), one entry per successive pair (j, j+1).
+/// Fig. 11 series for one step (docs/design.md §3.3), one entry per successive pair (j, j+1).
 struct OrthogonalityRecord {
   std::vector<int> microbatch;     // j
   std::vector<double> cosine;      // cos(e_j, X_j − X_{j+1})
@@ -115,6 +108,9 @@ class PipelineCodec : public MessageCodec {
   /// another mode: a setting that would be ignored).
   PipelineCodec(std::unique_ptr<ActCodec> forward, std::unique_ptr<ActCodec> backward,
                 BackwardPhases phases, LepMode lep, double decay = 1.0);
+  /// The same, from the config's policy (CompressionConfig::pipeline_policy()).
+  PipelineCodec(std::unique_ptr<ActCodec> forward, std::unique_ptr<ActCodec> backward, const PipelinePolicy& policy)
+      : PipelineCodec(std::move(forward), std::move(backward), policy.phases, policy.lep, policy.lep_decay) {}
 
   /// Whether this message is compressed (both ends of a message give the same answer).
   bool compresses(const P2PMessage& msg, const P2PCall& call) const;
@@ -189,12 +185,13 @@ class PipelineCodec : public MessageCodec {
   Snapshot snapshot() const;
   void restore(Snapshot snapshot);
 
-  BackwardPhases phases() const { return phases_; }
-  LepMode lep() const { return lep_; }
-  double lep_decay() const { return decay_; }
+  BackwardPhases phases() const { return policy_.phases; }
+  LepMode lep() const { return policy_.lep; }
+  double lep_decay() const { return policy_.lep_decay; }
+  const PipelinePolicy& policy() const { return policy_; }
 
  private:
-  int lep_key(int mb) const { return lep_ == LepMode::kPerMicrobatch ? mb : 0; }
+  int lep_key(int mb) const { return policy_.lep == LepMode::kPerMicrobatch ? mb : 0; }
   void record_lep_send(int mb, const torch::Tensor& slice, const torch::Tensor& carried, int carried_age,
                        const torch::Tensor& new_error);
   const ActCodec* codec_for(const P2PMessage& msg, const P2PCall& call) const;
@@ -206,9 +203,7 @@ class PipelineCodec : public MessageCodec {
 
   std::unique_ptr<ActCodec> forward_;   // null = identity
   std::unique_ptr<ActCodec> backward_;  // null = identity
-  BackwardPhases phases_;
-  LepMode lep_;
-  double decay_ = 1.0;
+  PipelinePolicy policy_;  // phases, LEP mode and its β (compression/pipeline_policy.h)
   std::map<int, torch::Tensor> lep_buffers_;  // key lep_key(mb): 0 only, or per mb (kPerMicrobatch)
   std::map<int, int64_t> lep_made_at_;        // key -> iteration (begin_step count) that left its error
   int64_t iteration_ = 0;                     // begin_step() calls

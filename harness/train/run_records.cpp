@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <stdexcept>
 
 namespace optcc {
@@ -25,8 +27,109 @@ std::string eval_text(double loss, const Perplexity& ppl) {
 
 namespace {
 
-// Loss curves, traffic and peak RSS.
-std::vector<TableSpec> step_tables() {
+// ---- the tables, declared once ------------------------------------------------------------------
+// The rank tables below are the per-step records every rank contributes: each is declared once, as
+// its columns after (step, rank), each column with the value it takes from one row's item, and the
+// rows (items) a rank has in a step, at most capacity() of them (the same on every rank). The
+// schema (result_tables), the packing into the step's one all-gather and the rows rank 0 appends
+// all read these declarations, so adding a column is one edit.
+
+// What one rank measured in a step.
+struct RankStep {
+  const TrafficMeter& meter;
+  int64_t peak_rss = 0;
+  double pipeline_seconds = 0, step_seconds = 0;
+  const StepExtras& x;
+};
+
+template <class Item>
+struct RecordColumn {
+  const char* name;
+  ColumnType type;
+  const char* unit;
+  std::function<double(const Item&)> value;  // exact for integers below 2^53
+};
+
+class RankTable {
+ public:
+  virtual ~RankTable() = default;
+  virtual TableSpec spec() const = 0;
+  /// Rows a rank may add per step (the all-gather's fixed width needs it on every rank alike).
+  virtual int64_t capacity(const StepExtras& x) const = 0;
+  virtual int64_t columns() const = 0;
+  /// Doubles this table takes in a rank's row of the all-gather: the row count, then the rows.
+  int64_t width(const StepExtras& x) const { return 1 + capacity(x) * columns(); }
+  /// Writes width(s.x) doubles at `out`: this rank's rows of the step.
+  virtual void pack(const RankStep& s, double* out) const = 0;
+  /// Appends the rows rank `rank` packed at `in`.
+  virtual void append(MetricsSink& sink, int64_t step, int64_t rank, const double* in) const = 0;
+};
+
+template <class Item>
+class Table final : public RankTable {
+ public:
+  using Items = std::function<std::vector<Item>(const RankStep&)>;
+  using Capacity = std::function<int64_t(const StepExtras&)>;
+  Table(std::string group, Capacity capacity, Items items, std::vector<RecordColumn<Item>> columns)
+      : group_(std::move(group)), capacity_(std::move(capacity)), items_(std::move(items)), columns_(std::move(columns)) {}
+
+  TableSpec spec() const override {
+    TableSpec t{group_, {{"step", ColumnType::kInt64, "steps"}, {"rank", ColumnType::kInt64, ""}}};
+    for (const auto& c : columns_) t.columns.push_back({c.name, c.type, c.unit});
+    return t;
+  }
+  int64_t capacity(const StepExtras& x) const override { return capacity_(x); }
+  int64_t columns() const override { return static_cast<int64_t>(columns_.size()); }
+  void pack(const RankStep& s, double* out) const override {
+    const auto items = items_(s);
+    const int64_t n = std::min<int64_t>(static_cast<int64_t>(items.size()), capacity_(s.x));
+    out[0] = static_cast<double>(n);
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t j = 0; j < columns(); ++j) out[1 + i * columns() + j] = columns_[j].value(items[i]);
+    }
+  }
+  void append(MetricsSink& sink, int64_t step, int64_t rank, const double* in) const override {
+    for (int64_t i = 0; i < static_cast<int64_t>(in[0]); ++i) {
+      std::vector<Cell> row{step, rank};
+      for (int64_t j = 0; j < columns(); ++j) {
+        const double v = in[1 + i * columns() + j];
+        row.push_back(columns_[j].type == ColumnType::kInt64 ? Cell{static_cast<int64_t>(v)} : Cell{v});
+      }
+      sink.append(group_, row);
+    }
+  }
+
+ private:
+  std::string group_;
+  Capacity capacity_;
+  Items items_;
+  std::vector<RecordColumn<Item>> columns_;
+};
+
+constexpr auto kI = ColumnType::kInt64;
+constexpr auto kF = ColumnType::kFloat64;
+template <class Item>
+using Cols = std::vector<RecordColumn<Item>>;
+std::function<int64_t(const StepExtras&)> one_row() { return [](const StepExtras&) -> int64_t { return 1; }; }
+
+struct TrafficItem {
+  int cls = 0, link = 0;
+  TrafficCounters t;
+};
+struct TensorItem {
+  int64_t index = 0;
+  TensorRecord r;
+};
+struct DpTotals {
+  int64_t tensors = 0, compressed = 0, raw = 0, sent = 0;
+};
+struct OrthItem {
+  int microbatch = 0;
+  double cosine = 0, error_mean = 0, delta_mean = 0;
+};
+
+// Loss curves (written by the trainer), and the tables of every rank's step.
+std::vector<TableSpec> trainer_tables() {
   return {
       {"train",
        {{"step", ColumnType::kInt64, "steps"},
@@ -44,118 +147,170 @@ std::vector<TableSpec> step_tables() {
         {"loss", ColumnType::kFloat64, "nats"},
         {"ppl", ColumnType::kFloat64, ""},
         {"ppl_capped", ColumnType::kInt64, ""}}},
-      // One row per (step, rank, class, link) with traffic in that step. class: 0 tp, 1 pp_fwd,
-      // 2 pp_bwd, 3 dp, 4 embedding, 5 control; link: 0 intra-node, 1 inter-node. seconds: measured
-      // wall time in the operations; emulated_seconds: link emulation's duration of them
-      // (harness/parallel/link_emulator.h; 0 without network.emulate).
-      {"traffic",
-       {{"step", ColumnType::kInt64, "steps"},
-        {"rank", ColumnType::kInt64, ""},
-        {"class", ColumnType::kInt64, ""},
-        {"link", ColumnType::kInt64, ""},
-        {"bytes", ColumnType::kInt64, "bytes"},
-        {"calls", ColumnType::kInt64, ""},
-        {"seconds", ColumnType::kFloat64, "s"},
-        {"emulated_seconds", ColumnType::kFloat64, "s"}}},
-      {"memory", {{"step", ColumnType::kInt64, "steps"}, {"rank", ColumnType::kInt64, ""}, {"peak_rss_bytes", ColumnType::kInt64, "bytes"}}},
   };
 }
 
-// What the DP reducers and the pipeline codec did.
-std::vector<TableSpec> compression_tables() {
-  return {
-      // Every DP gradient reduction, per (step, rank): how many tensors, how many of them compressed,
-      // their raw and handed-to-collective bytes (the sums of the per-tensor records below).
-      {"dp_totals",
-       {{"step", ColumnType::kInt64, "steps"},
-        {"rank", ColumnType::kInt64, ""},
-        {"tensors", ColumnType::kInt64, ""},
-        {"compressed_tensors", ColumnType::kInt64, ""},
-        {"raw_bytes", ColumnType::kInt64, "bytes"},
-        {"sent_bytes", ColumnType::kInt64, "bytes"}}},
-      // The per-tensor detail, only where it says something: one row per (step, rank, COMPRESSED DP
-      // tensor), at the steps that log (step % log.interval == 0, and the last step). Raw vs.
-      // handed-to-collective bytes; `tensor` indexes the root attribute dp_tensor_names[rank];
-      // matrix_rank is PowerSGD's effective rank. (Uncompressed tensors are in dp_totals only.)
-      {"dp_tensors",
-       {{"step", ColumnType::kInt64, "steps"},
-        {"rank", ColumnType::kInt64, ""},
-        {"tensor", ColumnType::kInt64, ""},
-        {"raw_bytes", ColumnType::kInt64, "bytes"},
-        {"sent_bytes", ColumnType::kInt64, "bytes"},
-        {"compressed", ColumnType::kInt64, ""},
-        {"matrix_rank", ColumnType::kInt64, ""}}},
-      // Pipeline codec per (step, rank): messages this rank sent and their bytes before/after.
-      {"pipeline_codec",
-       {{"step", ColumnType::kInt64, "steps"},
-        {"rank", ColumnType::kInt64, ""},
-        {"backward_sends", ColumnType::kInt64, ""},
-        {"backward_compressed", ColumnType::kInt64, ""},
-        {"backward_raw_bytes", ColumnType::kInt64, "bytes"},
-        {"backward_wire_bytes", ColumnType::kInt64, "bytes"},
-        {"forward_raw_bytes", ColumnType::kInt64, "bytes"},
-        {"forward_wire_bytes", ColumnType::kInt64, "bytes"},
-        {"encode_seconds", ColumnType::kFloat64, "s"},
-        {"decode_seconds", ColumnType::kFloat64, "s"},
-        {"lep_bytes", ColumnType::kInt64, "bytes"}}},
-  };
+// What the rank measured: traffic by class and link, peak memory.
+void add_measured_tables(std::vector<std::unique_ptr<RankTable>>& t) {
+  // One row per (step, rank, class, link) with traffic in that step. class: 0 tp, 1 pp_fwd,
+  // 2 pp_bwd, 3 dp, 4 embedding, 5 control; link: 0 intra-node, 1 inter-node. seconds: measured
+  // wall time in the operations; emulated_seconds: link emulation's duration of them
+  // (harness/parallel/link_emulator.h; 0 without network.emulate).
+  t.push_back(std::make_unique<Table<TrafficItem>>(
+      "traffic", [](const StepExtras&) -> int64_t { return kNumTraffic * 2; },
+      [](const RankStep& s) {
+        std::vector<TrafficItem> rows;
+        for (int c = 0; c < kNumTraffic; ++c) {
+          for (int l = 0; l < 2; ++l) {
+            const auto& counters = s.meter.at(static_cast<Traffic>(c), static_cast<Link>(l));
+            if (counters.calls > 0) rows.push_back({c, l, counters});
+          }
+        }
+        return rows;
+      },
+      Cols<TrafficItem>{{"class", kI, "", [](const TrafficItem& i) { return double(i.cls); }},
+                        {"link", kI, "", [](const TrafficItem& i) { return double(i.link); }},
+                        {"bytes", kI, "bytes", [](const TrafficItem& i) { return double(i.t.bytes); }},
+                        {"calls", kI, "", [](const TrafficItem& i) { return double(i.t.calls); }},
+                        {"seconds", kF, "s", [](const TrafficItem& i) { return i.t.seconds; }},
+                        {"emulated_seconds", kF, "s", [](const TrafficItem& i) { return i.t.emulated_seconds; }}}));
+  t.push_back(std::make_unique<Table<RankStep>>(
+      "memory", one_row(), [](const RankStep& s) { return std::vector<RankStep>{s}; },
+      Cols<RankStep>{{"peak_rss_bytes", kI, "bytes", [](const RankStep& s) { return double(s.peak_rss); }}}));
 }
 
-// Memory by component, LEP orthogonality (Fig. 11), per-rank timing.
-std::vector<TableSpec> component_tables() {
-  return {
-      // Fig. 12 (spec §8.3): tensor memory per (step, rank) by component, bytes. activations_peak
-      // is the tracked peak during the pipeline schedule above the memory held when it started;
-      // tracked_peak the peak of all tensor memory over the step (memory_tracker.h).
-      {"memory_components",
-       {{"step", ColumnType::kInt64, "steps"},
-        {"rank", ColumnType::kInt64, ""},
-        {"parameters", ColumnType::kInt64, "bytes"},
-        {"gradients", ColumnType::kInt64, "bytes"},
-        {"optimizer", ColumnType::kInt64, "bytes"},
-        {"activations_peak", ColumnType::kInt64, "bytes"},
-        {"lep_buffers", ColumnType::kInt64, "bytes"},
-        {"ef_buffers", ColumnType::kInt64, "bytes"},
-        {"pq_buffers", ColumnType::kInt64, "bytes"},
-        {"tracked_peak", ColumnType::kInt64, "bytes"}}},
-      // Fig. 11 (spec §3.3), when log.lep_orthogonality is on: one row per (step, rank, j).
-      {"lep_orthogonality",
-       {{"step", ColumnType::kInt64, "steps"},
-        {"rank", ColumnType::kInt64, ""},
-        {"microbatch", ColumnType::kInt64, ""},
-        {"cosine", ColumnType::kFloat64, ""},
-        {"error_mean", ColumnType::kFloat64, ""},
-        {"delta_mean", ColumnType::kFloat64, ""}}},
-      // LEP diagnostics (issue 16), when log.lep_diagnostics is on: one row per compressed backward
-      // send (step, rank, micro-batch); pipeline_codec.h's LepSendRecord. Norms are L2 over the
-      // rank's fp32 slice; NaN where undefined; carried_age -1 = nothing carried.
-      {"lep_diagnostics",
-       {{"step", ColumnType::kInt64, "steps"},
-        {"rank", ColumnType::kInt64, ""},
-        {"microbatch", ColumnType::kInt64, ""},
-        {"slice_norm", ColumnType::kFloat64, ""},
-        {"carried_norm", ColumnType::kFloat64, ""},
-        {"error_norm", ColumnType::kFloat64, ""},
-        {"relative_error", ColumnType::kFloat64, ""},
-        {"cos_carried_slice", ColumnType::kFloat64, ""},
-        {"cos_carried_delta", ColumnType::kFloat64, ""},
-        {"carried_age", ColumnType::kInt64, "steps"}}},
-      // Every rank's own timing of each step (BR-19): its pipeline schedule, then the whole step.
-      {"timing",
-       {{"step", ColumnType::kInt64, "steps"},
-        {"rank", ColumnType::kInt64, ""},
-        {"pipeline_seconds", ColumnType::kFloat64, "s"},
-        {"step_seconds", ColumnType::kFloat64, "s"}}},
-  };
+// What the DP reducer and the pipeline codec did.
+void add_compression_tables(std::vector<std::unique_ptr<RankTable>>& t) {
+  // Every DP gradient reduction, per (step, rank): how many tensors, how many of them compressed,
+  // their raw and handed-to-collective bytes (the sums of the per-tensor records below).
+  t.push_back(std::make_unique<Table<DpTotals>>(
+      "dp_totals", one_row(),
+      [](const RankStep& s) {
+        std::vector<DpTotals> rows;
+        if (!s.x.dp_reducer || s.x.dp_reducer->records().empty()) return rows;
+        DpTotals d;
+        for (const auto& r : s.x.dp_reducer->records()) {
+          d.tensors += 1, d.compressed += r.compressed ? 1 : 0, d.raw += r.raw_bytes, d.sent += r.sent_bytes;
+        }
+        rows.push_back(d);
+        return rows;
+      },
+      Cols<DpTotals>{{"tensors", kI, "", [](const DpTotals& d) { return double(d.tensors); }},
+                     {"compressed_tensors", kI, "", [](const DpTotals& d) { return double(d.compressed); }},
+                     {"raw_bytes", kI, "bytes", [](const DpTotals& d) { return double(d.raw); }},
+                     {"sent_bytes", kI, "bytes", [](const DpTotals& d) { return double(d.sent); }}}));
+  // The per-tensor detail, only where it says something: one row per (step, rank, COMPRESSED DP
+  // tensor), at the steps that log (step % log.interval == 0, and the last step). Raw vs.
+  // handed-to-collective bytes; `tensor` indexes the root attribute dp_tensor_names[rank];
+  // matrix_rank is PowerSGD's effective rank. (Uncompressed tensors are in dp_totals only.)
+  t.push_back(std::make_unique<Table<TensorItem>>(
+      "dp_tensors", [](const StepExtras& x) { return x.max_dp_tensors; },
+      [](const RankStep& s) {
+        std::vector<TensorItem> rows;
+        if (!s.x.dp_reducer || !s.x.tensor_detail) return rows;
+        const auto& recs = s.x.dp_reducer->records();
+        for (size_t i = 0; i < recs.size(); ++i) {
+          if (recs[i].compressed) rows.push_back({static_cast<int64_t>(i), recs[i]});
+        }
+        return rows;
+      },
+      Cols<TensorItem>{{"tensor", kI, "", [](const TensorItem& i) { return double(i.index); }},
+                       {"raw_bytes", kI, "bytes", [](const TensorItem& i) { return double(i.r.raw_bytes); }},
+                       {"sent_bytes", kI, "bytes", [](const TensorItem& i) { return double(i.r.sent_bytes); }},
+                       {"compressed", kI, "", [](const TensorItem& i) { return i.r.compressed ? 1.0 : 0.0; }},
+                       {"matrix_rank", kI, "", [](const TensorItem& i) { return double(i.r.rank); }}}));
+  // Pipeline codec per (step, rank): messages this rank sent and their bytes before/after; the LEP
+  // buffers it holds at the end of the step. Ranks that sent nothing have no row.
+  using Codec = const PipelineCodec*;
+  t.push_back(std::make_unique<Table<Codec>>(
+      "pipeline_codec", one_row(),
+      [](const RankStep& s) {
+        const PipelineCodec* c = s.x.codec;
+        const bool sent = c && (c->stats().backward_sends > 0 || c->stats().forward_wire_bytes > 0);
+        return sent ? std::vector<Codec>{c} : std::vector<Codec>{};
+      },
+      Cols<Codec>{{"backward_sends", kI, "", [](Codec c) { return double(c->stats().backward_sends); }},
+                  {"backward_compressed", kI, "", [](Codec c) { return double(c->stats().backward_compressed); }},
+                  {"backward_raw_bytes", kI, "bytes", [](Codec c) { return double(c->stats().backward_raw_bytes); }},
+                  {"backward_wire_bytes", kI, "bytes", [](Codec c) { return double(c->stats().backward_wire_bytes); }},
+                  {"forward_raw_bytes", kI, "bytes", [](Codec c) { return double(c->stats().forward_raw_bytes); }},
+                  {"forward_wire_bytes", kI, "bytes", [](Codec c) { return double(c->stats().forward_wire_bytes); }},
+                  {"encode_seconds", kF, "s", [](Codec c) { return c->stats().encode_seconds; }},
+                  {"decode_seconds", kF, "s", [](Codec c) { return c->stats().decode_seconds; }},
+                  {"lep_bytes", kI, "bytes", [](Codec c) { return double(c->lep_bytes()); }}}));
+}
+
+// Memory by component (Fig. 12), the LEP series (Fig. 11, diagnostics), per-rank timing.
+void add_component_tables(std::vector<std::unique_ptr<RankTable>>& t) {
+  // Fig. 12 (docs/design.md §8.3): tensor memory per (step, rank) by component, bytes. activations_peak
+  // is the tracked peak during the pipeline schedule above the memory held when it started;
+  // tracked_peak the peak of all tensor memory over the step (memory_tracker.h). The trainer fills
+  // StepExtras::memory in this order.
+  const char* components[kMemoryComponents] = {"parameters", "gradients", "optimizer", "activations_peak",
+                                               "lep_buffers", "ef_buffers", "pq_buffers", "tracked_peak"};
+  Cols<RankStep> memory;
+  for (int i = 0; i < kMemoryComponents; ++i) {
+    memory.push_back({components[i], kI, "bytes", [i](const RankStep& s) { return double(s.x.memory[i]); }});
+  }
+  t.push_back(std::make_unique<Table<RankStep>>(
+      "memory_components", one_row(), [](const RankStep& s) { return std::vector<RankStep>{s}; }, memory));
+  // Fig. 11 (docs/design.md §3.3), when log.lep_orthogonality is on: one row per (step, rank, j).
+  t.push_back(std::make_unique<Table<OrthItem>>(
+      "lep_orthogonality", [](const StepExtras& x) { return x.max_orth_pairs; },
+      [](const RankStep& s) {
+        std::vector<OrthItem> rows;
+        if (!s.x.codec || s.x.max_orth_pairs == 0) return rows;
+        const auto o = s.x.codec->orthogonality();
+        for (size_t i = 0; i < o.cosine.size(); ++i) {
+          rows.push_back({o.microbatch[i], o.cosine[i], o.error_mean[i], o.delta_mean[i]});
+        }
+        return rows;
+      },
+      Cols<OrthItem>{{"microbatch", kI, "", [](const OrthItem& i) { return double(i.microbatch); }},
+                     {"cosine", kF, "", [](const OrthItem& i) { return i.cosine; }},
+                     {"error_mean", kF, "", [](const OrthItem& i) { return i.error_mean; }},
+                     {"delta_mean", kF, "", [](const OrthItem& i) { return i.delta_mean; }}}));
+  // LEP diagnostics (paper/lep-study.md), when log.lep_diagnostics is on: one row per compressed backward
+  // send (step, rank, micro-batch); pipeline_codec.h's LepSendRecord. Norms are L2 over the
+  // rank's fp32 slice; NaN where undefined; carried_age -1 = nothing carried.
+  t.push_back(std::make_unique<Table<LepSendRecord>>(
+      "lep_diagnostics", [](const StepExtras& x) { return x.max_lep_sends; },
+      [](const RankStep& s) {
+        if (!s.x.codec || s.x.max_lep_sends == 0) return std::vector<LepSendRecord>{};
+        return s.x.codec->lep_diagnostics();
+      },
+      Cols<LepSendRecord>{{"microbatch", kI, "", [](const LepSendRecord& e) { return double(e.microbatch); }},
+                          {"slice_norm", kF, "", [](const LepSendRecord& e) { return e.slice_norm; }},
+                          {"carried_norm", kF, "", [](const LepSendRecord& e) { return e.carried_norm; }},
+                          {"error_norm", kF, "", [](const LepSendRecord& e) { return e.error_norm; }},
+                          {"relative_error", kF, "", [](const LepSendRecord& e) { return e.relative_error; }},
+                          {"cos_carried_slice", kF, "", [](const LepSendRecord& e) { return e.cos_carried_slice; }},
+                          {"cos_carried_delta", kF, "", [](const LepSendRecord& e) { return e.cos_carried_delta; }},
+                          {"carried_age", kI, "steps", [](const LepSendRecord& e) { return double(e.carried_age); }}}));
+  // Every rank's own timing of each step (BR-19 in docs/faults.md): its pipeline schedule, then the whole step.
+  t.push_back(std::make_unique<Table<RankStep>>(
+      "timing", one_row(), [](const RankStep& s) { return std::vector<RankStep>{s}; },
+      Cols<RankStep>{{"pipeline_seconds", kF, "s", [](const RankStep& s) { return s.pipeline_seconds; }},
+                     {"step_seconds", kF, "s", [](const RankStep& s) { return s.step_seconds; }}}));
+}
+
+// Every rank table, in results-file order (the order of result_tables()).
+const std::vector<std::unique_ptr<RankTable>>& rank_tables() {
+  static const auto tables = [] {
+    std::vector<std::unique_ptr<RankTable>> t;
+    add_measured_tables(t);
+    add_compression_tables(t);
+    add_component_tables(t);
+    return t;
+  }();
+  return tables;
 }
 
 }  // namespace
 
 std::vector<TableSpec> result_tables() {
-  std::vector<TableSpec> out;
-  for (auto part : {step_tables(), compression_tables(), component_tables()}) {
-    out.insert(out.end(), part.begin(), part.end());
-  }
+  std::vector<TableSpec> out = trainer_tables();
+  for (const auto& t : rank_tables()) out.push_back(t->spec());
   return out;
 }
 
@@ -165,143 +320,32 @@ int64_t peak_rss_bytes() {
   return static_cast<int64_t>(u.ru_maxrss) * 1024;
 }
 
-namespace {
-
-// Where each part sits in a rank's row of the per-step all-gather (doubles).
-struct RecordLayout {
-  static constexpr int kPer = 4;    // bytes, calls, seconds, emulated seconds per (class, link)
-  static constexpr int kCodec = 9;  // pipeline codec stats
-  static constexpr int kLepSend = 8;  // one LepSendRecord
-  int64_t traffic_width = 0, tensors_at = 0, codec_at = 0, orth_at = 0, lep_at = 0, memory_at = 0, width = 0;
-  explicit RecordLayout(const StepExtras& x)
-      : traffic_width(kNumTraffic * 2 * kPer),
-        tensors_at(traffic_width + 3),
-        codec_at(tensors_at + 1 + 4 * x.max_dp_tensors),
-        orth_at(codec_at + kCodec),
-        lep_at(orth_at + 1 + 4 * x.max_orth_pairs),
-        memory_at(lep_at + 1 + kLepSend * x.max_lep_sends),
-        width(memory_at + kMemoryComponents) {}
-};
-
-// This rank's traffic of the step, peak RSS and timings.
-void pack_traffic(at::TensorAccessor<double, 1>& a, const RecordLayout& lay, Distributed& d, double pipeline_seconds,
-                  double step_seconds) {
-  for (int c = 0; c < kNumTraffic; ++c) {
-    for (int l = 0; l < 2; ++l) {
-      const auto& t = d.meter.at(static_cast<Traffic>(c), static_cast<Link>(l));
-      const int64_t i = (c * 2 + l) * RecordLayout::kPer;
-      a[i] = static_cast<double>(t.bytes), a[i + 1] = static_cast<double>(t.calls), a[i + 2] = t.seconds;
-      a[i + 3] = t.emulated_seconds;
-    }
-  }
-  a[lay.traffic_width] = static_cast<double>(peak_rss_bytes());
-  a[lay.traffic_width + 1] = pipeline_seconds;
-  a[lay.traffic_width + 2] = step_seconds;
-}
-
-// DP tensor records; the pipeline codec's stats (then reset) and LEP orthogonality records.
-void pack_compression(at::TensorAccessor<double, 1>& a, const RecordLayout& lay, const StepExtras& x) {
-  if (x.dp_reducer) {
-    const auto& recs = x.dp_reducer->records();
-    a[lay.tensors_at] = static_cast<double>(recs.size());
-    for (size_t i = 0; i < recs.size() && static_cast<int64_t>(i) < x.max_dp_tensors; ++i) {
-      const int64_t o = lay.tensors_at + 1 + 4 * static_cast<int64_t>(i);
-      a[o] = static_cast<double>(recs[i].raw_bytes), a[o + 1] = static_cast<double>(recs[i].sent_bytes);
-      a[o + 2] = recs[i].compressed ? 1 : 0, a[o + 3] = static_cast<double>(recs[i].rank);
-    }
-  }
-  if (!x.codec) return;
-  const auto& st = x.codec->stats();
-  const double v[RecordLayout::kCodec] = {
-      static_cast<double>(st.backward_sends), static_cast<double>(st.backward_compressed),
-      static_cast<double>(st.backward_raw_bytes), static_cast<double>(st.backward_wire_bytes),
-      static_cast<double>(st.forward_raw_bytes), static_cast<double>(st.forward_wire_bytes),
-      st.encode_seconds, st.decode_seconds, static_cast<double>(x.codec->lep_bytes())};
-  for (int i = 0; i < RecordLayout::kCodec; ++i) a[lay.codec_at + i] = v[i];
-  x.codec->reset_stats();
-  if (x.max_orth_pairs > 0) {
-    const auto orth = x.codec->orthogonality();
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(orth.cosine.size()), x.max_orth_pairs);
-    a[lay.orth_at] = static_cast<double>(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t o = lay.orth_at + 1 + 4 * i;
-      a[o] = orth.microbatch[i], a[o + 1] = orth.cosine[i], a[o + 2] = orth.error_mean[i], a[o + 3] = orth.delta_mean[i];
-    }
-  }
-  if (x.max_lep_sends > 0) {
-    const auto& recs = x.codec->lep_diagnostics();
-    const int64_t n = std::min<int64_t>(static_cast<int64_t>(recs.size()), x.max_lep_sends);
-    a[lay.lep_at] = static_cast<double>(n);
-    for (int64_t i = 0; i < n; ++i) {
-      const LepSendRecord& e = recs[i];
-      const double v[RecordLayout::kLepSend] = {static_cast<double>(e.microbatch), e.slice_norm, e.carried_norm,
-                                                e.error_norm, e.relative_error, e.cos_carried_slice,
-                                                e.cos_carried_delta, static_cast<double>(e.carried_age)};
-      for (int j = 0; j < RecordLayout::kLepSend; ++j) a[lay.lep_at + 1 + RecordLayout::kLepSend * i + j] = v[j];
-    }
-  }
-}
-
-// Rank r's rows of the step, from its gathered row g.
-void append_rank_rows(MetricsSink& sink, int64_t step, int64_t r, at::TensorAccessor<double, 1> g,
-                      const RecordLayout& lay, bool tensor_detail) {
-  auto i64 = [](double v) { return static_cast<int64_t>(v); };
-  for (int c = 0; c < kNumTraffic; ++c) {
-    for (int l = 0; l < 2; ++l) {
-      const int64_t i = (c * 2 + l) * RecordLayout::kPer;
-      if (g[i + 1] == 0) continue;
-      sink.append("traffic", {step, r, int64_t{c}, int64_t{l}, i64(g[i]), i64(g[i + 1]), g[i + 2], g[i + 3]});
-    }
-  }
-  sink.append("memory", {step, r, i64(g[lay.traffic_width])});
-  sink.append("timing", {step, r, g[lay.traffic_width + 1], g[lay.traffic_width + 2]});
-  const int64_t tensors = i64(g[lay.tensors_at]);
-  int64_t compressed = 0, raw = 0, sent = 0;
-  for (int64_t i = 0; i < tensors; ++i) {
-    const int64_t o = lay.tensors_at + 1 + 4 * i;
-    raw += i64(g[o]), sent += i64(g[o + 1]), compressed += i64(g[o + 2]);
-    if (tensor_detail && g[o + 2] != 0) {
-      sink.append("dp_tensors", {step, r, i, i64(g[o]), i64(g[o + 1]), i64(g[o + 2]), i64(g[o + 3])});
-    }
-  }
-  if (tensors > 0) sink.append("dp_totals", {step, r, tensors, compressed, raw, sent});
-  const int64_t k = lay.codec_at;
-  if (g[k] > 0 || g[k + 5] > 0) {
-    sink.append("pipeline_codec", {step, r, i64(g[k]), i64(g[k + 1]), i64(g[k + 2]), i64(g[k + 3]), i64(g[k + 4]),
-                                   i64(g[k + 5]), g[k + 6], g[k + 7], i64(g[k + 8])});
-  }
-  std::vector<Cell> mem{step, r};
-  for (int i = 0; i < kMemoryComponents; ++i) mem.push_back(i64(g[lay.memory_at + i]));
-  sink.append("memory_components", mem);
-  for (int64_t i = 0; i < i64(g[lay.orth_at]); ++i) {
-    const int64_t o = lay.orth_at + 1 + 4 * i;
-    sink.append("lep_orthogonality", {step, r, i64(g[o]), g[o + 1], g[o + 2], g[o + 3]});
-  }
-  for (int64_t i = 0; i < i64(g[lay.lep_at]); ++i) {
-    const int64_t o = lay.lep_at + 1 + RecordLayout::kLepSend * i;
-    sink.append("lep_diagnostics", {step, r, i64(g[o]), g[o + 1], g[o + 2], g[o + 3], g[o + 4], g[o + 5], g[o + 6],
-                                    i64(g[o + 7])});
-  }
-}
-
-}  // namespace
-
-// Per-rank rows of one step besides traffic: compression records (fixed widths agreed at start).
-// Gathers every rank's traffic of this step, peak memory, timings and compression records to all
-// ranks with one all-gather; rank 0 writes.
+// Every rank's rows of the step (rank_tables(): traffic, peak memory, timings, compression records,
+// at widths every rank agrees on), gathered to all ranks with one all-gather; rank 0 writes.
 void record_rank_stats(Distributed& d, MetricsSink* sink, int64_t step, double pipeline_seconds, double step_seconds,
                        const StepExtras& x) {
-  const RecordLayout lay(x);
-  auto mine = torch::zeros({lay.width}, torch::kDouble);
-  auto a = mine.accessor<double, 1>();
-  pack_traffic(a, lay, d, pipeline_seconds, step_seconds);
-  pack_compression(a, lay, x);
-  for (int i = 0; i < kMemoryComponents; ++i) a[lay.memory_at + i] = static_cast<double>(x.memory[i]);
+  const auto& tables = rank_tables();
+  int64_t width = 0;
+  for (const auto& t : tables) width += t->width(x);
+  auto mine = torch::zeros({width}, torch::kDouble);
+  const RankStep s{d.meter, peak_rss_bytes(), pipeline_seconds, step_seconds, x};
+  int64_t at = 0;
+  for (const auto& t : tables) {
+    t->pack(s, mine.data_ptr<double>() + at);
+    at += t->width(x);
+  }
+  if (x.codec) x.codec->reset_stats();
   d.meter.reset();
-  auto all = d.world->all_gather(mine.unsqueeze(0), Traffic::kControl, 0);  // [world, width]
+  auto all = d.world->all_gather(mine.unsqueeze(0), Traffic::kControl, 0).contiguous();  // [world, width]
   if (!sink) return;
-  auto g = all.accessor<double, 2>();
-  for (int64_t r = 0; r < all.size(0); ++r) append_rank_rows(*sink, step, r, g[r], lay, x.tensor_detail);
+  for (int64_t r = 0; r < all.size(0); ++r) {
+    const double* row = all[r].data_ptr<double>();
+    at = 0;
+    for (const auto& t : tables) {
+      t->append(*sink, step, r, row + at);
+      at += t->width(x);
+    }
+  }
 }
 
 namespace {

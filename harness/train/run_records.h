@@ -29,7 +29,7 @@ std::vector<TableSpec> result_tables();
 
 /// Validation perplexity exp(loss), capped at exp(kPerplexityLossCap) so a diverged run does not
 /// print inf; a capped value says so (`capped`, the eval table's `ppl_capped` column, the log line).
-/// NaN in, NaN out: a NaN loss is never shown with a finite perplexity (issue 9, item 8).
+/// NaN in, NaN out: a NaN loss is never shown with a finite perplexity.
 constexpr double kPerplexityLossCap = 20.0;  // nats; exp(20) ~ 4.85e8
 struct Perplexity {
   double value;  // exp(min(loss, cap)); NaN when loss is NaN

@@ -1,6 +1,7 @@
 #include "harness/train/run_setup.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
@@ -71,6 +72,22 @@ std::optional<std::string> resume_point(const Config& c, const TrainOptions& o) 
         dir, fs::path(*found).filename().string(), c.run_name(), dir));
   }
   return found;
+}
+
+void check_run_inputs(const Config& cfg, const TrainOptions& options, const std::string& prepare_command) {
+  const std::string& prefix = cfg.data.prefix;
+  std::vector<std::string> missing;
+  for (const char* ext : {".bin", ".idx"}) {
+    if (!fs::exists(prefix + ext)) missing.push_back(prefix + ext);
+  }
+  if (cfg.model.vocab_size == 0 && !fs::exists(prefix + ".json")) missing.push_back(prefix + ".json");
+  if (!missing.empty()) {
+    throw ConfigError(fmt::format(
+        "data error: data.prefix = {}: the prepared dataset is missing ({} not found). Fix: prepare it with {} "
+        "(the same --config and --set as this run), or point data.prefix at a prepared dataset.",
+        prefix, fmt::join(missing, ", "), prepare_command));
+  }
+  resume_point(cfg, options);
 }
 
 // <log.dir>/<run>[.resumed-<step>].h5, or the first free <that>.attempt-<n>.h5 (n = 2, 3, ...) when it

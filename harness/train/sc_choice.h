@@ -1,4 +1,4 @@
-// SC `auto` (compression.dp_stages: auto, spec §6.5): which pipeline stages compress their DP
+// SC `auto` (compression.dp_stages: auto, docs/design.md §6.5): which pipeline stages compress their DP
 // gradients, decided by one timed calibration step before training (internal to harness/train).
 #pragma once
 
@@ -13,7 +13,7 @@
 
 namespace optcc {
 
-// SC `auto` (spec §6.5): one calibration step before training decides which stages compress.
+// SC `auto` (docs/design.md §6.5): one calibration step before training decides which stages compress.
 struct ScChoice {
   std::vector<bool> compress;           // [stages]
   std::vector<double> end, raw, comp0;  // per stage: schedule end after a common barrier, raw DP

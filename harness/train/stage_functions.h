@@ -1,5 +1,6 @@
-// The GPT model as the pipeline runner sees it on one rank (internal to harness/train: the Trainer
-// and SC's calibration step run the same stage functions).
+// The GPT model's forward pass on one rank's pipeline stage, written once: stage_body() is what
+// every forward runs (training through the pipeline runner's GptStageFunctions, the trainer's
+// validation and `optcc eval` through stage_forward()), so the three cannot drift apart.
 #pragma once
 
 #include <torch/torch.h>
@@ -7,9 +8,29 @@
 #include <vector>
 
 #include "harness/parallel/pipeline_runner.h"
+#include "harness/parallel/stage_link.h"
 #include "models/gpt.h"
 
 namespace optcc {
+
+/// This stage's part of one micro-batch's forward pass: the embedding of `tokens` [b, s] (int64) on
+/// the first stage, else `input` (the previous stage's hidden states [s, b, h]), through this stage's
+/// blocks; the hidden states [s, b, h] (the last stage's before its head).
+inline torch::Tensor stage_body(GptModelImpl& model, const torch::Tensor& input, const torch::Tensor& tokens) {
+  return model.run_layers(model.stage().is_first ? model.embed(tokens) : input);
+}
+
+/// Forward only, through `link` (evaluation; every rank of the pipeline calls it for micro-batch
+/// `mb`, in micro-batch order): receive from the previous stage (not the first), stage_body(), send
+/// to the next (not the last). Returns the last stage's hidden states [s, b, h]; undefined
+/// elsewhere. `tokens` [b, s] is read on the first stage only.
+inline torch::Tensor stage_forward(GptModelImpl& model, StageLink& link, int mb, const torch::Tensor& tokens) {
+  const auto& st = model.stage();
+  auto x = stage_body(model, st.is_first ? torch::Tensor() : link.recv_forward(mb), tokens);
+  if (st.is_last) return x;
+  link.send_forward(x, mb);
+  return {};
+}
 
 // What the pipeline runner calls on this rank: embed on the first stage, this stage's blocks, the
 // loss on the last stage. Micro-batch data is loaded before each step by the stages that need it.
@@ -27,8 +48,7 @@ class GptStageFunctions final : public StageFunctions {
     torch::Tensor x;
     if (st.is_first || st.is_last) TORCH_CHECK(mb < static_cast<int>(batches.size()), "no data for micro-batch ", mb);
     const int64_t s = st.is_first || st.is_last ? batches[mb].size(1) - 1 : 0;
-    x = st.is_first ? model_->embed(batches[mb].narrow(1, 0, s)) : input;
-    x = model_->run_layers(x);
+    x = stage_body(*model_, input, st.is_first ? batches[mb].narrow(1, 0, s) : torch::Tensor());
     if (!st.is_last) return x;
     auto loss = model_->head_loss(x, batches[mb].narrow(1, 1, s)) / static_cast<double>(m_);
     return loss_scale == 1.0 ? loss : loss * loss_scale;

@@ -87,13 +87,8 @@ double validation_loss(GptModel& model, const Config& c, Distributed& d, const P
   for (int mb = 0; mb < c.train.eval_iters; ++mb) {
     torch::Tensor batch = loader ? loader->next() : torch::Tensor();
     const int64_t s = c.model.seq_len;
-    auto x = st.is_first ? model->embed(batch.narrow(1, 0, s)) : link.recv_forward(mb);
-    x = model->run_layers(x);
-    if (st.is_last) {
-      sum += model->head_loss(x, batch.narrow(1, 1, s)).item<double>();
-    } else {
-      link.send_forward(x, mb);
-    }
+    const auto x = stage_forward(*model, link, mb, st.is_first ? batch.narrow(1, 0, s) : torch::Tensor());
+    if (st.is_last) sum += model->head_loss(x, batch.narrow(1, 1, s)).item<double>();
   }
   model->train();
   cpu_gen.set_state(cpu_state);
@@ -346,7 +341,7 @@ void Trainer::build_pipeline() {
   codec_ = std::make_shared<PipelineCodec>(
       make_act_codec(comp.pipeline_forward.name, pipeline_codec_options(cfg_, comp.pipeline_forward)),
       make_act_codec(comp.pipeline_backward.name, pipeline_codec_options(cfg_, comp.pipeline_backward)),
-      parse_backward_phases(comp.backward_phases), parse_lep_mode(comp.lep), comp.lep_decay);
+      comp.pipeline_policy());
   codec_->enable_orthogonality_check(cfg_.log.lep_orthogonality && range_.is_last && stages_ > 1);
   codec_->enable_lep_diagnostics(cfg_.log.lep_diagnostics && !range_.is_first);  // the stages that send backward
   link_ = std::make_unique<StageLink>(*d_.pp, d_.tp.get(), StageLinkShapes{act_shape_, act_shape_},
@@ -362,13 +357,12 @@ void Trainer::build_pipeline() {
 // SC: which stages compress their DP gradients (dp_stages: all | way | auto), then DP gradients
 // and the tied-embedding sync (baseline pair or FE).
 void Trainer::build_gradient_sync() {
+  const auto& comp = cfg_.compression;
   sc_compress_.assign(stages_, false);
-  if (sc_way(cfg_) >= 0) {
-    for (int k = 0; k < stages_; ++k) sc_compress_[k] = k < sc_way(cfg_);
-  } else {
-    choose_sc_auto();
+  if (comp.dp_stages == DpStages::automatic()) choose_sc_auto();  // the calibration's answer per stage
+  for (int k = 0; k < stages_; ++k) {
+    sc_compress_[k] = stage_compresses_dp(comp.dp_stages, k, stages_, comp.dp.name != "none", sc_compress_[k]);
   }
-  if (cfg_.compression.dp.name == "none") sc_compress_.assign(stages_, false);
   grad_sync_ = std::make_unique<GradientSync>(cfg_, model_, d_.dp.get(), d_.embedding.get(), d_.fused_embedding.get(),
                                               coord_.pp, static_cast<bool>(sc_compress_[coord_.pp]));
 }
@@ -420,7 +414,7 @@ void Trainer::build_checkpoint_parts() {
     PipelineCodec* c = codec_.get();
     checkpoint_parts_.push_back({"pipeline_codec",
                                  fmt::format("fwd={} bwd={} phases={} lep={}", to_yaml_value(comp.pipeline_forward),
-                                             to_yaml_value(comp.pipeline_backward), comp.backward_phases, comp.lep),
+                                             to_yaml_value(comp.pipeline_backward), to_string(comp.backward_phases), to_string(comp.lep)),
                                  [c](auto& a) { c->save(a); }, [c](auto& a) { c->load(a); }});
   }
 }
@@ -497,12 +491,13 @@ std::map<std::string, std::string> Trainer::result_attributes() const {
   attrs["trainable_result"] = cfg_.network.skip.empty() ? "true" : "false";  // skipped transfers
   attrs["compression_dp"] = to_yaml_value(comp.dp);
   attrs["compression_scheme"] = comp.scheme.empty() ? "(none)" : comp.scheme;
+  attrs["compression"] = compression_label(comp);  // what the run compresses: its name in tables and figures
   attrs["compression_summary"] = fmt::format(
       "dp={} dp_stages={} [{}] uncompressed_dp_dtype={} embedding={} fused_embedding={} pipeline_forward={} "
       "pipeline_backward={} backward_phases={} lep={} tp={}",
-      to_yaml_value(comp.dp), comp.dp_stages, sc_stages_, uncompressed_dp_dtype(cfg_), to_yaml_value(comp.embedding),
+      to_yaml_value(comp.dp), comp.dp_stages.text(), sc_stages_, uncompressed_dp_dtype(cfg_), to_yaml_value(comp.embedding),
       comp.fused_embedding,
-      to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), comp.backward_phases, comp.lep,
+      to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), to_string(comp.backward_phases), to_string(comp.lep),
       to_yaml_value(comp.tp));
   // BR-05: which reconstruction the error-feedback residual subtracts, when the reducer has one.
   attrs["dp_ef_residual"] = comp.dp.options && comp.dp.options["ef_residual"]
@@ -540,12 +535,12 @@ void Trainer::log_start() const {
                d_.placement.on_gpu() ? "ATen (CUDA)" : "kernels/thin_gemm.h, " + thin_gemm_isa(), cpu_allocator(),
                summary_.results_path);
   // The backward phases and the LEP variant only act on compressed backward sends: name them then.
-  const std::string lep = comp.lep == "lazy_decay" ? fmt::format("lazy_decay {}", comp.lep_decay) : comp.lep;
+  const std::string lep = comp.lep == LepMode::kLazyDecay ? fmt::format("lazy_decay {}", comp.lep_decay) : to_string(comp.lep);
   const std::string bwd_how =
-      comp.pipeline_backward.name == "none" ? "" : fmt::format(" ({}, lep {})", comp.backward_phases, lep);
+      comp.pipeline_backward.name == "none" ? "" : fmt::format(" ({}, lep {})", to_string(comp.backward_phases), lep);
   const std::string dp_wire = uncompressed_dp_dtype(cfg_);
-  spdlog::info("compression{}: dp={} (stages c = compressed: [{}]{}), embedding={}{}, pipeline fwd={} bwd={}{}, tp={}",
-               comp.scheme.empty() ? "" : " (scheme " + comp.scheme + ")", to_yaml_value(comp.dp), sc_stages_,
+  spdlog::info("compression: {}; dp={} (stages c = compressed: [{}]{}), embedding={}{}, pipeline fwd={} bwd={}{}, tp={}",
+               compression_label(comp), to_yaml_value(comp.dp), sc_stages_,
                dp_wire == "fp32" ? "" : fmt::format("; uncompressed stages all-reduce in {}, summed in fp32", dp_wire),
                to_yaml_value(comp.embedding), comp.fused_embedding ? " fused (FE)" : "",
                to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), bwd_how,
@@ -611,7 +606,7 @@ void Trainer::stop_on_signal(int signal) {
                signal_name(signal), state_.step, summary_.last_checkpoint, kStoppedExitCode);
 }
 
-// One iteration (spec §1.2): pipeline schedule -> gradient sync -> clip -> optimizer -> records.
+// One iteration (docs/design.md §1.2): pipeline schedule -> gradient sync -> clip -> optimizer -> records.
 Trainer::StepResult Trainer::step() {
   auto step_event = std::make_unique<TimelineScope>(EventKind::kStep, Stream::kStep);
   const auto t0 = Clock::now();

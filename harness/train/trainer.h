@@ -191,6 +191,14 @@ class Trainer {
   std::unique_ptr<PipelineCodecSnapshot> codec_before_step_;  // compressing codecs: put back on a skip
 };
 
+/// What `optcc train` checks once, in the launching process before any rank starts: data.prefix's
+/// prepared files exist (<prefix>.bin and .idx; .json too when model.vocab_size is 0), and the
+/// checkpoint rule of TrainOptions (checkpoint.dir already holding a checkpoint needs --resume or
+/// --resume auto). `prepare_command` is how to prepare this run's data, written with the caller's
+/// own --config and --set (so an overridden data.prefix is the one prepared); the error quotes it.
+/// Throws ConfigError naming the missing files, or std::runtime_error for the checkpoint rule.
+void check_run_inputs(const Config& cfg, const TrainOptions& options, const std::string& prepare_command);
+
 /// Runs `cfg` on the ranks the launch environment describes (local launcher, Slurm, torchrun, or
 /// one process). Throws ConfigError before any work on bad input, std::runtime_error on bad data
 /// files or a non-finite loss, CommError when a peer fails.

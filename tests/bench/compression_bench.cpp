@@ -21,7 +21,7 @@
 //                                     iteration), reported for the record.
 //   codec/<name>/{encode,decode}/fig14/<rows>x<cols>[/r<r>]
 //                                     every point-to-point codec of act_codec_names() on the
-//                                     Fig. 14 slice shapes (spec §8.3: 1024×1920, 1024×3072,
+//                                     Fig. 14 slice shapes (docs/design.md §8.3: 1024×1920, 1024×3072,
 //                                     2048×12288 = tokens × hidden per TP rank). lowrank at
 //                                     r = 8, 16, 24, 32, 40 (token_major view, hidden = cols);
 //                                     the others at their defaults (int8/int4: hidden = cols;

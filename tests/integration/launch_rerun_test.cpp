@@ -36,6 +36,12 @@ using optcc::testing::run_to_end;
 using optcc::testing::slurp;
 using optcc::testing::wait_for;
 
+size_t count(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 pid_t spawn(std::vector<std::string> args, std::vector<std::string> env, const std::string& log) {
   const pid_t pid = optcc::testing::spawn_logged(std::move(args), log, "", &env);
   EXPECT_GT(pid, 0) << "could not start " << args.at(0);
@@ -63,18 +69,17 @@ TEST(Rerun, KilledRunIsRefusedOrResumedAndKeepsItsResults) {
   ASSERT_GE(steps.size(), 20u);
   for (size_t i = 0; i < steps.size(); ++i) ASSERT_EQ(steps[i], static_cast<int64_t>(i + 1));
 
-  // Attempt 2, same command outside Slurm: refused before any work; nothing written.
+  // Attempt 2, same command outside Slurm: refused once, before any rank starts; nothing written.
   const std::string log2 = dir / "attempt2.txt";
   EXPECT_EQ(run_to_end(spawn(command, child_env({}), log2)), 1) << slurp(log2);
   EXPECT_THAT(slurp(log2), ::testing::HasSubstr("checkpoint.dir " + ckpt + " already holds a checkpoint"));
   EXPECT_THAT(slurp(log2), ::testing::HasSubstr("pass --resume auto"));
-  // The killed attempt left its lock files; their holder is dead, so attempt 2 took them over.
-  EXPECT_THAT(slurp(log2), ::testing::HasSubstr("took over the lock of a run that is no longer running (pid " +
-                                                std::to_string(first) + " host "));
+  EXPECT_EQ(count(slurp(log2), "already holds a checkpoint"), 1u) << slurp(log2);
   EXPECT_TRUE(slurp(results) == bytes) << results << " changed";
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir / "results")) files.push_back(e.path().filename().string());
-  EXPECT_THAT(files, ::testing::UnorderedElementsAre("smoke.h5", "ckpt"));
+  // Only the killed attempt's files: its results, checkpoints and lock (refused before taking it over).
+  EXPECT_THAT(files, ::testing::UnorderedElementsAre("smoke.h5", "ckpt", "smoke.lock"));
 
   // Attempt 3, same command as a requeued Slurm job: resumes from the newest checkpoint.
   char host[256] = {};
@@ -86,6 +91,9 @@ TEST(Rerun, KilledRunIsRefusedOrResumedAndKeepsItsResults) {
   const std::string log3 = dir / "attempt3.txt";
   const pid_t third = spawn(command, slurm, log3);
   ASSERT_TRUE(wait_for(third, log3, "(--resume auto)")) << slurp(log3);
+  // The killed attempt left its lock files; their holder is dead, so attempt 3 took them over.
+  EXPECT_THAT(slurp(log3), ::testing::HasSubstr("took over the lock of a run that is no longer running (pid " +
+                                                std::to_string(first) + " host "));
   std::smatch m;
   const std::string resumed_line = slurp(log3);
   ASSERT_TRUE(std::regex_search(resumed_line, m, std::regex("resumed from \\S+ at step (\\d+)"))) << resumed_line;
@@ -100,6 +108,27 @@ TEST(Rerun, KilledRunIsRefusedOrResumedAndKeepsItsResults) {
   ASSERT_GE(resumed_steps.size(), 5u);
   EXPECT_EQ(resumed_steps.front(), from + 1);
   EXPECT_TRUE(slurp(results) == bytes) << results << " changed";
+}
+
+// A multi-rank run without its prepared dataset is refused once, by the launching process before it
+// forks a rank, and the fix prepares the data this run would read: the user's own --config and --set.
+TEST(Rerun, AMissingDatasetIsNamedOnceBeforeAnyRankWithTheUsersOverrides) {
+  optcc::testing::TempDir dir;
+  const std::string prefix = dir / "elsewhere/corpus";
+  const std::string config = std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml";
+  const std::vector<std::string> command = {
+      std::string(OPTCC_BINARY_DIR) + "/optcc", "train", "--config", config, "--set", "data.prefix=" + prefix,
+      "--set", "parallel.dp=2", "--set", "log.dir=" + (dir / "results"), "--nproc", "2"};
+  const std::string log = dir / "log.txt";
+  EXPECT_EQ(run_to_end(spawn(command, child_env({}), log)), 2) << slurp(log);
+  const std::string text = slurp(log);
+  EXPECT_EQ(count(text, "data error:"), 1u) << text;
+  EXPECT_THAT(text, ::testing::HasSubstr("data.prefix = " + prefix + ": the prepared dataset is missing (" + prefix +
+                                         ".bin, " + prefix + ".idx"));
+  EXPECT_THAT(text, ::testing::HasSubstr("`optcc data prepare --config " + config + " --set data.prefix=" + prefix +
+                                         " --set parallel.dp=2 --set log.dir=" + (dir / "results") + "`"));
+  EXPECT_THAT(text, ::testing::Not(::testing::HasSubstr("rank 1")));
+  EXPECT_FALSE(fs::exists(dir / "results"));
 }
 
 }  // namespace

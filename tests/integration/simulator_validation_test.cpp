@@ -1,9 +1,9 @@
-// The scale simulator (harness/tools/simulator.h) against a measured emulated run on this machine,
+// The scale simulator (harness/perfmodel/simulator.h) against a measured emulated run on this machine,
 // unit-free: `optcc calibrate` measures this machine for a small emulated config (tiny GPT, PP2 x
 // DP2 = 4 local ranks, two per node, links of the paper's cluster x 3000 so that inter-node traffic
 // is a large share of the step), `optcc train` runs it, `optcc simulate` predicts its iteration on
 // the calibrated profile, and the prediction must be within 25% of the measured median step
-// (issue 13; the emulation experiment's own table, within 15%, is in README "Simulator").
+// (the emulation experiment's own table, within 15%, is in docs/emulation.md, "The simulator").
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 

@@ -47,7 +47,7 @@ TEST(SplitDocuments, MalformedInputNamesTheKey) {
     expect_error<std::invalid_argument>([&] { split_documents(100, bad); }, {"data.split", "949,50,1"});
 }
 
-TEST(SplitDocuments, OnlyDecimalWeights) {  // issue 9 item 1: strtod alone reads these as 16, 8, inf
+TEST(SplitDocuments, OnlyDecimalWeights) {  // strtod alone reads these as 16, 8, inf
   for (const char* bad : {"0x10,1", "0x1p3,1", "inf,1", "1,infinity", "1,.nan"})
     expect_error<std::invalid_argument>([&] { split_documents(100, bad); }, {"data.split", "decimal"});
   EXPECT_EQ(split_documents(100, "090,010")[0].end_doc, 90);  // leading zeros stay decimal

@@ -1,4 +1,4 @@
-// optcc eval (harness/tools/eval_checkpoint.h): a TP2 x PP2 x DP2 run's checkpoint evaluated on one
+// optcc eval (harness/checkpoints/eval_checkpoint.h): a TP2 x PP2 x DP2 run's checkpoint evaluated on one
 // process gives the run's last validation loss (to 1e-5), and so does every other eval layout; the
 // last-word accuracy of a hand-made "copy the current token" model on hand-made documents is the
 // known 3 of 6 on every layout; bad inputs are refused with the key and the fix. Ranks as threads.
@@ -13,7 +13,7 @@
 #include "harness/parallel/distributed.h"
 #include "harness/records/checkpoint.h"
 #include "harness/records/results_reader.h"
-#include "harness/tools/eval_checkpoint.h"
+#include "harness/checkpoints/eval_checkpoint.h"
 #include "harness/train/optimizer.h"
 #include "harness/train/trainer.h"
 #include "tests/support/gloo_ranks.h"

@@ -545,13 +545,24 @@ TEST(Config, UnknownCompressorOrOptionIsNamed) {
   EXPECT_THAT(validate_error(c), HasSubstr("'view' is 'diagonal'"));
   for (const auto& [set, expect] : std::vector<std::pair<std::string, std::string>>{
            {"compression.tp=powersgd", "compression.tp = 'powersgd'"},
-           {"compression.lep=sometimes", "compression.lep = 'sometimes'"},
-           {"compression.backward_phases=steady", "compression.backward_phases = 'steady'"},
-           {"compression.dp_stages=first3", "compression.dp_stages = 'first3'"},
            {"compression.embedding=powersgdd", "compression.embedding = 'powersgdd'"}}) {
     c = load_config("", {set});
     c.model.vocab_size = 100;
     EXPECT_THAT(validate_error(c), HasSubstr(expect)) << set;
+  }
+  // The pipeline policy's names are parsed when the config is loaded (compression/pipeline_policy.h).
+  for (const auto& [set, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"compression.lep=sometimes",
+            "compression.lep = 'sometimes' is not one of off, lazy, per_microbatch, lazy_iteration, lazy_decay"},
+           {"compression.lep=lazy_iter", "compression.lep = 'lazy_iter' is not one of off, lazy"},
+           {"compression.backward_phases=steady", "compression.backward_phases = 'steady' is not one of all, epilogue"},
+           {"compression.dp_stages=first3", "compression.dp_stages = 'first3' is not all, auto or a positive integer"}}) {
+    try {
+      load_config("", {set});
+      ADD_FAILURE() << set << " was accepted";
+    } catch (const ConfigError& e) {
+      EXPECT_THAT(e.what(), HasSubstr(expect)) << set;
+    }
   }
 }
 
@@ -565,48 +576,46 @@ TEST(Config, SchemesSetThePaperRowsAndExplicitKeysOverrideThem) {
   Config cb = load("compression:\n  lep: off\n  scheme: cb\n");  // scheme first, whatever the order
   EXPECT_EQ(cb.compression.pipeline_backward.name, "lowrank");
   EXPECT_EQ(cb.compression.pipeline_backward.options["rank"].as<int64_t>(), 16);
-  EXPECT_EQ(cb.compression.backward_phases, "epilogue");
-  EXPECT_EQ(cb.compression.lep, "off");  // the explicit key wins
+  EXPECT_EQ(cb.compression.backward_phases, BackwardPhases::kEpilogue);
+  EXPECT_EQ(cb.compression.lep, LepMode::kOff);  // the explicit key wins
   EXPECT_FALSE(cb.compression.fused_embedding);
   Config sc = load_config("", {"compression.scheme=cb_fe_sc"});
   EXPECT_TRUE(sc.compression.fused_embedding);
   EXPECT_EQ(sc.compression.dp.name, "powersgd");
   EXPECT_EQ(sc.compression.dp.options["rank"].as<int64_t>(), 128);
-  EXPECT_EQ(sc.compression.dp_stages, "3");
-  EXPECT_EQ(sc.compression.lep, "lazy");
-  EXPECT_EQ(load_config("", {"compression.scheme=cb_nonlep"}).compression.lep, "off");
+  EXPECT_EQ(sc.compression.dp_stages.text(), "3");
+  EXPECT_EQ(sc.compression.lep, LepMode::kLazy);
+  EXPECT_EQ(load_config("", {"compression.scheme=cb_nonlep"}).compression.lep, LepMode::kOff);
   // --set compression.scheme applies first wherever it stands, as inside a file.
-  EXPECT_EQ(load_config("", {"compression.lep=off", "compression.scheme=cb"}).compression.lep, "off");
-  // The Fig. 11 check needs CB with LEP on every backward send (spec §3.3).
+  EXPECT_EQ(load_config("", {"compression.lep=off", "compression.scheme=cb"}).compression.lep, LepMode::kOff);
+  // The Fig. 11 check needs CB with LEP on every backward send (docs/design.md §3.3).
   Config fig11 = load_config("", {"compression.scheme=cb", "log.lep_orthogonality=true"});
   fig11.model.vocab_size = 100;
   EXPECT_THAT(validate_error(fig11), HasSubstr("backward_phases: all"));
-  fig11.compression.backward_phases = "all";
+  fig11.compression.backward_phases = BackwardPhases::kAll;
   EXPECT_EQ(validate_error(fig11), "");
-  fig11.compression.lep = "off";
+  fig11.compression.lep = LepMode::kOff;
   EXPECT_THAT(validate_error(fig11), HasSubstr("log.lep_orthogonality = true"));
-  // LEP variants (issue 16): lep_decay is a factor in (0, 1] and only lazy_decay reads it.
+  // LEP variants (paper/lep-study.md): lep_decay is a factor in (0, 1] and only lazy_decay reads it.
   Config decay = load_config("", {"compression.scheme=cb", "compression.lep=lazy_decay", "compression.lep_decay=0.5"});
   decay.model.vocab_size = 100;
   EXPECT_EQ(validate_error(decay), "");
   decay.compression.lep_decay = 0.0;
   EXPECT_THAT(validate_error(decay), HasSubstr("compression.lep_decay = 0: must be in (0, 1]"));
   decay.compression.lep_decay = 0.5;
-  decay.compression.lep = "lazy";
+  decay.compression.lep = LepMode::kLazy;
   EXPECT_THAT(validate_error(decay), HasSubstr("is only used by compression.lep: lazy_decay"));
-  decay.compression.lep = "lazy_iteration";
+  decay.compression.lep = LepMode::kLazyIteration;
   decay.compression.lep_decay = 1.0;
   EXPECT_EQ(validate_error(decay), "");
-  decay.compression.lep = "lazy_iter";
-  EXPECT_THAT(validate_error(decay), HasSubstr("lazy_iteration or lazy_decay"));
   // ... and both act on compressed backward sends only: without a codec they would be ignored.
   Config nocodec = load_config("", {"compression.lep=lazy_decay", "compression.lep_decay=0.5"});
   nocodec.model.vocab_size = 100;
   EXPECT_THAT(validate_error(nocodec), HasSubstr("compression.lep = 'lazy_decay': acts on compressed backward sends"));
-  nocodec.compression.lep = "off";
+  nocodec.compression.lep = LepMode::kOff;
   nocodec.compression.lep_decay = 1.0;
   EXPECT_THAT(validate_error(nocodec), HasSubstr("compression.lep = 'off': acts on compressed backward sends"));
-  nocodec.compression.lep = "lazy";  // the default, which every uncompressed config carries
+  nocodec.compression.lep = LepMode::kLazy;  // the default, which every uncompressed config carries
   EXPECT_EQ(validate_error(nocodec), "");
   Config diag = load_config("", {"log.lep_diagnostics=true"});
   diag.model.vocab_size = 100;

@@ -1,4 +1,4 @@
-// Issue 9, item 8: a NaN validation loss is never shown with a finite perplexity, and a perplexity
+// A NaN validation loss is never shown with a finite perplexity, and a perplexity
 // above the cap is marked as capped (in the value, the eval table's ppl_capped column and the log).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Experiment files and their expansion (harness/tools/experiment_file.h, sweep.h): the exact run
+// Experiment files and their expansion (harness/experiments/experiment_file.h, sweep.h): the exact run
 // list of a small grid, the index/JSON/listing agreement, every error of the format with the key,
 // the value and the fix, the per-run config check, and every experiments/**/*.yaml at both scales.
 #include <gmock/gmock.h>
@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "compat/torch_compat.h"
-#include "harness/tools/sweep.h"
+#include "harness/experiments/sweep.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {

@@ -1,4 +1,4 @@
-// Rank arithmetic (spec §1.1) and launch-environment detection (BR-20): pure, no process groups.
+// Rank arithmetic (docs/design.md §1.1) and launch-environment detection (BR-20 in docs/faults.md): pure, no process groups.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -9,6 +9,10 @@
 #include "harness/parallel/layout.h"
 
 namespace optcc {
+
+// gtest's name for a parameter in test listings (else it prints the struct's bytes).
+void PrintTo(const ParallelDims& d, std::ostream* os) { *os << "tp" << d.tp << "_pp" << d.pp << "_dp" << d.dp; }
+
 namespace {
 
 using ::testing::ElementsAre;
@@ -125,7 +129,7 @@ TEST(Layout, ExactGroupsFor2x2x2) {
 }
 
 TEST(Layout, SpecFormulasFor8x4x4) {
-  const int t = 8, p = 4, d = 4;  // R = k*t*d + j*t + i (spec §1.1)
+  const int t = 8, p = 4, d = 4;  // R = k*t*d + j*t + i (docs/design.md §1.1)
   const RankLayout layout({t, p, d}, 8);
   for (int k = 0; k < p; ++k) {
     for (int j = 0; j < d; ++j) {

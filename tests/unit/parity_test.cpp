@@ -20,6 +20,8 @@ namespace {
 struct Dims {
   int tp, pp, dp;
 };
+// gtest's name for a parameter in test listings (else it prints the struct's bytes).
+void PrintTo(const Dims& d, std::ostream* os) { *os << "tp" << d.tp << "_pp" << d.pp << "_dp" << d.dp; }
 
 constexpr double kLossTol = 1e-6;    // relative, per step (measured <= 6e-8)
 constexpr double kWeightTol = 2e-5;  // absolute, after 5 AdamW steps at lr 1e-3 (measured <= 1.2e-6)
@@ -123,7 +125,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, Parity,
 }  // namespace
 }  // namespace optcc
 
-// Traffic of one step, as written to /traffic by rank 0, equals the closed forms (spec §9 with
+// Traffic of one step, as written to /traffic by rank 0, equals the closed forms (docs/design.md §9 with
 // ring collectives; stage_link.h for the scatter-gather split) for every rank of TP2 x PP2 x DP2.
 #include <H5Cpp.h>
 
@@ -254,7 +256,7 @@ TEST(Resume3D, CbLepAndPowerSgdStateTravelWithTheCheckpoint) {
     c.compression.dp.options = YAML::Load("{rank: 2, warmup_steps: 1}");
     c.compression.pipeline_backward.name = "lowrank";
     c.compression.pipeline_backward.options = YAML::Load("{rank: 4}");
-    c.compression.lep = "lazy";
+    c.compression.lep = LepMode::kLazy;
   });
   ASSERT_EQ(resumed.size(), 2u);
   EXPECT_EQ(resumed, full);
@@ -272,7 +274,7 @@ TEST(Resume3D, ScAutoChoiceTravelsWithTheCheckpoint) {
       [](Config& c) {
         c.compression.dp.name = "powersgd";
         c.compression.dp.options = YAML::Load("{rank: 2, warmup_steps: 0}");
-        c.compression.dp_stages = "auto";
+        c.compression.dp_stages = DpStages::automatic();
       },
       /*resume_from_full=*/true);
   ASSERT_EQ(resumed.size(), 2u);
@@ -290,11 +292,11 @@ TEST(OptimusCc, BytesPerClassTiedCopiesAndRecords) {
   cfg.train.train_steps = 3;
   cfg.compression.pipeline_backward.name = "lowrank";
   cfg.compression.pipeline_backward.options = YAML::Load("{rank: 4}");
-  cfg.compression.backward_phases = "epilogue";
+  cfg.compression.backward_phases = BackwardPhases::kEpilogue;
   cfg.compression.fused_embedding = true;
   cfg.compression.dp.name = "powersgd";
   cfg.compression.dp.options = YAML::Load("{rank: 2, warmup_steps: 0}");
-  cfg.compression.dp_stages = "1";
+  cfg.compression.dp_stages = DpStages::first(1);
   cfg.log.interval = 2;  // per-tensor DP rows at steps 2 and 3 (the last)
   TrainOptions opt;
   opt.quiet = true;
@@ -313,7 +315,7 @@ TEST(OptimusCc, BytesPerClassTiedCopiesAndRecords) {
   }
 }
 
-// Fig. 11 (spec §3.3) with CB on every backward send: per step, each last-stage rank records one
+// Fig. 11 (docs/design.md §3.3) with CB on every backward send: per step, each last-stage rank records one
 // row per successive pair (j, j+1) of its m micro-batches, on its own TP slice, |cos| <= 1.
 TEST(OptimusCc, Fig11SeriesOnTheLastStage) {
   testing::TempDir dir;
@@ -342,7 +344,7 @@ TEST(OptimusCc, Fig11SeriesOnTheLastStage) {
   }
 }
 
-// LEP diagnostics (issue 16) with lazy_iteration on every backward send: one row per compressed
+// LEP diagnostics (paper/lep-study.md) with lazy_iteration on every backward send: one row per compressed
 // send of every rank that sends backward (stage 1), each iteration starting with nothing carried
 // (carried_age -1 on micro-batch 0, 0 after), relative errors of a lossy rank-2 codec.
 TEST(OptimusCc, LepDiagnosticsRowPerCompressedSend) {
@@ -352,7 +354,7 @@ TEST(OptimusCc, LepDiagnosticsRowPerCompressedSend) {
   cfg.train.train_steps = 2;  // m = 4 micro-batches
   cfg.compression.pipeline_backward.name = "lowrank";
   cfg.compression.pipeline_backward.options = YAML::Load("{rank: 2}");
-  cfg.compression.lep = "lazy_iteration";
+  cfg.compression.lep = LepMode::kLazyIteration;
   cfg.log.lep_diagnostics = true;
   TrainOptions opt;
   opt.quiet = true;

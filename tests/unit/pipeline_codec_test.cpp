@@ -1,10 +1,10 @@
 // PipelineCodec (harness/train/pipeline_codec.h): CB on activation gradients with LEP and epilogue-only,
 // forward codecs, through StageLink over Gloo (ranks as threads).
 //   - epilogue decisions: sender and receiver agree for every (stages, micro-batches) up to 8 x 16,
-//     including m < p, and stage k compresses exactly min(m, p - k) sends (spec §4);
-//   - LEP conservation: sent + new error = slice + old error (spec §3.1), one buffer (lazy), one per
+//     including m < p, and stage k compresses exactly min(m, p - k) sends (docs/design.md §4);
+//   - LEP conservation: sent + new error = slice + old error (docs/design.md §3.1), one buffer (lazy), one per
 //     micro-batch (per_microbatch) or none (off);
-//   - issue 16's variants: lazy_iteration starts every iteration with an empty buffer (and keeps
+//   - the LEP study's variants: lazy_iteration starts every iteration with an empty buffer (and keeps
 //     none in a checkpoint), lazy_decay with β = 1 is lazy bit for bit and with β = 0.5 conserves
 //     sent + new error = slice + β·old error; the per-send diagnostics equal norms and cosines
 //     computed here from the same tensors;
@@ -158,7 +158,7 @@ TEST(PipelineCodecLep, UncompressedSendsLeaveTheBufferAndSaveLoadRoundTrips) {
   EXPECT_TRUE(torch::equal(codec->lep_error(), copy->lep_error()));
 }
 
-// ---- LEP variants that keep one buffer (issue 16) ---------------------------------------------
+// ---- LEP variants that keep one buffer (paper/lep-study.md) ------------------------------------
 
 // A compressed backward send of micro-batch `mb`; returns what the receiver decodes.
 torch::Tensor send(PipelineCodec& codec, int mb, const torch::Tensor& slice, std::vector<torch::Tensor>* wire = nullptr) {
@@ -291,7 +291,7 @@ TEST(PipelineCodecLep, DiagnosticsGiveNormsAndCosinesOfEachSend) {
   }
 }
 
-// ---- state belongs to the messages it was kept for (issue 9, items 4 and 5) --------------------
+// ---- state belongs to the messages it was kept for (loading refuses others; a fork copies) ------
 
 P2PCall backward_send(int mb) { return P2PCall{{{P2PDir::kSendBackward, mb, 0}}, PipePhase::kSteady, true}; }
 P2PCall forward_send(int mb) { return P2PCall{{{P2PDir::kSendForward, mb, 0}}, PipePhase::kSteady, false}; }
@@ -472,7 +472,7 @@ TEST(PipelineCodecLink, EveryCodecDeliversItsDecodeAndItsPayloadBytes) {
             4 * 3 * (slice / kH + kH));
 }
 
-// Spec §10 item 5: a 16-bit link still sends lowrank's P̂ and Q in fp32 and allocates fp32
+// docs/design.md §10.5: a 16-bit link still sends lowrank's P̂ and Q in fp32 and allocates fp32
 // receive buffers for them (the reference received them into params-dtype buffers).
 TEST(PipelineCodecLink, SixteenBitLinkSendsFp32FactorsAndDeliversItsOwnDtype) {
   const std::vector<int64_t> shape{kS, kB, kH};

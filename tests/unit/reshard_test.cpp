@@ -1,4 +1,4 @@
-// Checkpoint merge and re-shard (harness/tools/checkpoint_reshard.h, models/sharding.h): the shards
+// Checkpoint merge and re-shard (harness/checkpoints/checkpoint_reshard.h, models/sharding.h): the shards
 // of a TP2 x PP2 (x DP2) checkpoint merge into exactly the single-rank model of the same seed, and the
 // merged model cut into other layouts gives exactly the shards those layouts build from that seed
 // (padding rows of the word embedding aside: they are zero after a re-shard). Ranks as threads.
@@ -12,7 +12,7 @@
 
 #include "harness/parallel/distributed.h"
 #include "harness/records/checkpoint.h"
-#include "harness/tools/checkpoint_reshard.h"
+#include "harness/checkpoints/checkpoint_reshard.h"
 #include "harness/train/optimizer.h"
 #include "harness/train/trainer.h"
 #include "models/sharding.h"

@@ -163,7 +163,7 @@ TEST(Schedule, EpilogueFlagsAgreeBetweenSenderAndReceiver) {
     for (int m = 1; m <= 16; ++m) {
       for (int k = 1; k < p; ++k) {
         SCOPED_TRACE(::testing::Message() << "p=" << p << " m=" << m << " k=" << k);
-        // Spec §4: the last p-k sends are compressed; all m of them when m < p-k.
+        // docs/design.md §4: the last p-k sends are compressed; all m of them when m < p-k.
         EXPECT_EQ(epilogue_sends(k, p, m), range(std::max(0, m - (p - k)), m));
         for (int mb = 0; mb < m; ++mb) {
           EXPECT_EQ(backward_send_is_epilogue(s, k, p, m, mb),

@@ -1,4 +1,4 @@
-// Scale simulator (harness/tools/simulator.h): exact cases, profiles, and its agreement with the
+// Scale simulator (harness/perfmodel/simulator.h): exact cases, profiles, and its agreement with the
 // traffic model and the emulator's cost model.
 #include <gtest/gtest.h>
 
@@ -6,8 +6,8 @@
 #include <sstream>
 
 #include "harness/config/config.h"
-#include "harness/tools/hardware_profile.h"
-#include "harness/tools/simulator.h"
+#include "harness/perfmodel/hardware_profile.h"
+#include "harness/perfmodel/simulator.h"
 #include "models/flops.h"
 
 namespace optcc {

@@ -133,14 +133,14 @@ TEST_F(TokenizerTest, PrepareValidatesInputsBeforeTraining) {
   expect_error<std::runtime_error>([&] { Tokenizer t(path("never.model")); }, {"never.model", "prepare"});
 }
 
-// --- vocabulary changes (issue 9 item 7) -------------------------------------------------------
+// --- vocabulary changes ------------------------------------------------------------------------
 
 void write_jsonl(const std::string& file, const std::vector<std::string>& docs) {
   std::ofstream out(file);
   for (const auto& d : docs) out << nlohmann::json{{"text", d}}.dump() << "\n";
 }
 
-// A changed vocabulary size (the issue: a smaller one was silently ignored), model type, seed,
+// A changed vocabulary size (a smaller one used to be silently ignored), model type, seed,
 // source content or source list trains the tokenizer anew; identical settings reuse it.
 TEST_F(TokenizerTest, PrepareRetrainsWhenTheSettingsOrSourcesChange) {
   write_jsonl(path("a.jsonl"), generated_documents(40, 6));

@@ -1,6 +1,6 @@
-// Analytic traffic model (harness/tools/traffic_estimate.h, traffic_report.h):
+// Analytic traffic model (harness/perfmodel/traffic_estimate.h, traffic_report.h):
 //   - stage_parameter_shapes() lists exactly what GptModel registers (1 rank and TP = 2);
-//   - the spec §9 worked numbers for the paper configs (335M, 2.5B, 8.3B at t=8, p=4, d=4, m=16);
+//   - docs/design.md §9 worked numbers for the paper configs (335M, 2.5B, 8.3B at t=8, p=4, d=4, m=16);
 //   - estimate_traffic() equals the bytes the Communicators meter in a real TP2 x PP2 x DP2 step,
 //     per rank, class and link (2 ranks per node, so TP is intra-node and PP / DP inter-node).
 #include <gmock/gmock.h>
@@ -17,7 +17,7 @@
 
 #include "harness/parallel/distributed.h"
 #include "harness/train/pipeline_codec.h"
-#include "harness/tools/traffic_report.h"
+#include "harness/perfmodel/traffic_report.h"
 #include "harness/train/trainer.h"
 #include "models/gpt.h"
 #include "tests/support/gloo_ranks.h"
@@ -98,9 +98,9 @@ TEST(StageParameterShapes, ClosedFormOfSpec9) {
   EXPECT_THROW(stage_parameter_shapes(c, 2), std::out_of_range);
 }
 
-// ---- Spec §9 worked numbers ------------------------------------------------------------------
+// ---- docs/design.md §9 worked numbers ------------------------------------------------------------------
 
-// `printed` is a spec §9 entry such as "12.08 GB" or "86.3 M": the model's value, in that unit,
+// `printed` is a docs/design.md §9 entry such as "12.08 GB" or "86.3 M": the model's value, in that unit,
 // rounds to it (half a unit of the last printed digit).
 void expect_printed(double value, const std::string& printed, const std::string& what) {
   static const std::regex re(R"(^\s*([0-9.]+)\s*(KB|MB|GB|TB|M)\s*$)");
@@ -112,7 +112,7 @@ void expect_printed(double value, const std::string& printed, const std::string&
   const int decimals = dot == std::string::npos ? 0 : static_cast<int>(number.size() - dot - 1);
   const double half = 0.5 * std::pow(10.0, -decimals);
   EXPECT_LE(std::abs(value / scale - std::stod(number)), half + 1e-12)
-      << what << ": model gives " << value / scale << " " << unit << ", spec §9 prints " << printed;
+      << what << ": model gives " << value / scale << " " << unit << ", docs/design.md §9 prints " << printed;
 }
 
 struct Spec9 {
@@ -126,17 +126,17 @@ struct Spec9 {
   std::vector<std::string> embedding;   // baseline / FE / FE (reference group)
   std::string tp_total;                 // k_TP = 6 (full recomputation)
   std::string lep;
-  std::string slice, slice_cb;          // spec §2.6: one TP rank's slice, uncompressed and P+Q
+  std::string slice, slice_cb;          // docs/design.md §2.6: one TP rank's slice, uncompressed and P+Q
 };
 
-// Copied from optimus-cc-spec.md §9 (and §2.6 for the slice row), entry for entry.
+// Copied from docs/design.md §9 (and §2.6 for the slice row), entry for entry.
 const std::vector<Spec9>& spec9_table() {
   static const std::vector<Spec9> rows = {
       {"gpt-335m.yaml", {"17.1 M", "9.5 M", "16.0 M"}, "33.6 MB", "1.05 MB", "6.44 GB",
        {"6.44 GB", "5.66 GB", "0.20 GB"}, "102 MB", {"28 MB", "26 MB", "26 MB", "57 MB"}, {"10.0 GB", "4.4 GB"},
        {"4.19 GB", "2.94 GB", "3.30 GB"}, "4.4 TB", "4.2 MB", "4.19 MB", "131 KB"},
-      // Θ stage 3 of 2.5B: spec §9 prints 84.4 M, but its own formula gives 13·5,542,800 + E 12,288,000
-      // + 2h 3,840 = 84,348,240 = 84.3 M (the spec's DP rows, 432 MB and 60.4 GB, use 84.35 M).
+      // Θ stage 3 of 2.5B: docs/design.md §9 prints 84.4 M, but its own formula gives 13·5,542,800 + E 12,288,000
+      // + 2h 3,840 = 84,348,240 = 84.3 M (docs/design.md §9's DP rows, 432 MB and 60.4 GB, use 84.35 M).
       {"gpt-2.5b.yaml", {"86.3 M", "72.1 M", "84.3 M"}, "62.9 MB", "1.51 MB", "12.08 GB",
        {"12.08 GB", "10.61 GB", "0.29 GB"}, "518 MB", {"109 MB", "106 MB", "106 MB", "432 MB"}, {"60.4 GB", "24.1 GB"},
        {"7.86 GB", "5.51 GB", "6.19 GB"}, "17.7 TB", "7.9 MB", "7.86 MB", "188 KB"},
@@ -161,7 +161,7 @@ TEST_P(PaperConfigs, ReproduceSpec9WorkedNumbers) {
   ASSERT_EQ(cfg.num_micro_batches(), 16);
   TrafficModelOptions o;
   o.recompute = true;           // the paper's runs: k_TP = 6
-  o.reference_powersgd = true;  // the reference compresses every >=2-D DP gradient (spec §6.2)
+  o.reference_powersgd = true;  // the reference compresses every >=2-D DP gradient (docs/design.md §6.2)
   const PaperTrafficRows r = paper_traffic_rows(cfg, o);
   const std::string& name = s.config;
   ASSERT_EQ(r.stage_parameters.size(), 4u);
@@ -185,7 +185,7 @@ TEST_P(PaperConfigs, ReproduceSpec9WorkedNumbers) {
   expect_printed(r.embedding_total_fe_reference, s.embedding[2], name + " embedding-related FE reference group");
   expect_printed(r.tp_total, s.tp_total, name + " TP all-reduce total");
   expect_printed(r.lep_per_gpu, s.lep, name + " LEP buffer");
-  // Spec §2.6: per message per TP rank.
+  // docs/design.md §2.6: per message per TP rank.
   expect_printed(r.pp_message / 8.0, s.slice, name + " slice");
   expect_printed(r.pp_message_cb / 8.0, s.slice_cb, name + " P+Q");
   EXPECT_EQ(r.fe_sc_stages, "3");
@@ -220,8 +220,8 @@ TEST(PaperConfigs, SchemesAndLinksOf25B) {
   EXPECT_TRUE(full.stages[2].compresses_dp);
   EXPECT_FALSE(full.stages[3].compresses_dp);
   EXPECT_EQ(full.stages[1].lep_bytes, 1024 * 8 * 1920 / 8 * 4);
-  EXPECT_EQ(full.stages[0].lep_bytes, 0);  // stage 0 never sends backward (spec §10.20)
-  // FE: one all-reduce of E·β per TP rank over 2d ranks, 2(2d-1)·V·h·β in all (spec §5.2, §9).
+  EXPECT_EQ(full.stages[0].lep_bytes, 0);  // stage 0 never sends backward (docs/design.md §10.20)
+  // FE: one all-reduce of E·β per TP rank over 2d ranks, 2(2d-1)·V·h·β in all (docs/design.md §5.2, §9).
   EXPECT_EQ(full.cluster_total(Traffic::kEmbedding), 2LL * (2 * 4 - 1) * 51200 * 1920 * 4);
   EXPECT_EQ(full.cluster[static_cast<int>(Traffic::kEmbedding)][static_cast<int>(Link::kIntraNode)], 0);
   EXPECT_LT(full.cluster_total(Traffic::kDataParallel), base.cluster_total(Traffic::kDataParallel) / 2);
@@ -232,7 +232,7 @@ TEST(PaperConfigs, SchemesAndLinksOf25B) {
   EXPECT_LT(estimate_traffic(paper_config("gpt-2.5b.yaml", {"compression.scheme=cb_fe_sc"}), o).stages[0].dp, 109'500'000);
 }
 
-// The §9 rows of a config that already runs CB+FE+SC use its own compressors, and building the
+// The docs/design.md §9 rows of a config that already runs CB+FE+SC use its own compressors, and building the
 // variants leaves the config's compressor options intact (YAML nodes alias on copy).
 TEST(PaperConfigs, RowsOfACompressedConfigKeepItsOptions) {
   const Config cfg = paper_config("gpt-2.5b.yaml", {"compression.scheme=cb_fe_sc"});

@@ -108,7 +108,7 @@ void run_with_an_inf(const std::string& precision, const std::string& grad_reduc
   testing::write_synthetic_corpus(dir / "corpus", 64, 200);
   Config cfg = skip_config(dir, precision);
   cfg.parallel.grad_reduce_dtype = grad_reduce_dtype;
-  if (grad_reduce_dtype == "compute") cfg.compression.dp_stages = "1";  // stage 1 reduces uncompressed
+  if (grad_reduce_dtype == "compute") cfg.compression.dp_stages = DpStages::first(1);  // stage 1 reduces uncompressed
   TrainSummary summary;
   testing::run_layout({1, 2, 2}, [&](int rank, Distributed& dist) {
     TrainOptions opt;

@@ -1,8 +1,8 @@
 // Compressor state and the training run around it (ranks as threads, tiny model, a few steps):
 //   - evaluation never changes training: train losses and final weights are bit-identical with and
-//     without periodic evaluation, for every stateful codec and scheme (issue 9, item 5);
+//     without periodic evaluation, for every stateful codec and scheme;
 //   - a checkpoint's compressor state is refused, naming the part and the first mismatching
-//     tensor, when the resumed run would hand it other tensors (issue 9, item 4).
+//     tensor, when the resumed run would hand it other tensors.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -92,6 +92,10 @@ struct EvalCase {
   std::function<void(Config&)> edit;
   Dims dims{1, 2, 2};
 };
+// gtest's name for a parameter in test listings (else it prints the struct's bytes, pointers included).
+void PrintTo(const EvalCase& c, std::ostream* os) {
+  *os << c.name << " tp" << c.dims.tp << "_pp" << c.dims.pp << "_dp" << c.dims.dp;
+}
 
 class EvalLeavesTraining : public ::testing::TestWithParam<EvalCase> {};
 
@@ -144,12 +148,12 @@ INSTANTIATE_TEST_SUITE_P(
         EvalCase{"backward_lowrank_lep_lazy",
                  [](Config& c) {
                    lowrank(c.compression.pipeline_backward, 4);
-                   c.compression.lep = "lazy";
+                   c.compression.lep = LepMode::kLazy;
                  }},
         EvalCase{"backward_lowrank_lep_per_microbatch",
                  [](Config& c) {
                    lowrank(c.compression.pipeline_backward, 4);
-                   c.compression.lep = "per_microbatch";
+                   c.compression.lep = LepMode::kPerMicrobatch;
                  }},
         EvalCase{"forward_and_backward_lowrank",
                  [](Config& c) {
@@ -253,7 +257,7 @@ TEST(ResumeCompressorState, PipelineCodecRefusesAnotherMessageSize) {
   const std::string err = resume_error(
       [](Config& c) {
         lowrank(c.compression.pipeline_backward, 4);
-        c.compression.lep = "lazy";
+        c.compression.lep = LepMode::kLazy;
       },
       [](Config& c) { c.train.micro_batch_size = 1; });
   EXPECT_THAT(err, ::testing::HasSubstr("rank_00002.pt: the 'pipeline_codec' state"));
@@ -266,7 +270,7 @@ TEST(ResumeCompressorState, PipelineCodecRefusesFewerMicrobatchSlots) {
   const std::string err = resume_error(
       [](Config& c) {
         lowrank(c.compression.pipeline_backward, 4);
-        c.compression.lep = "per_microbatch";
+        c.compression.lep = LepMode::kPerMicrobatch;
         c.train.micro_batch_size = 1;
         c.train.global_batch_size = 8;
       },

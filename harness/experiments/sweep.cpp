@@ -1,5 +1,5 @@
 // Expanding an experiment into runs, printing them, checking their configs (sweep.h).
-#include "harness/tools/sweep.h"
+#include "harness/experiments/sweep.h"
 
 #include <fmt/format.h>
 
@@ -88,14 +88,6 @@ void check_unique_names(const SweepPlan& p) {
   }
 }
 
-std::string shell_quote(const std::string& s) {
-  static const std::regex plain("[A-Za-z0-9._+=/:,@%-]+");
-  if (std::regex_match(s, plain)) return s;
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 // `rel` (repository-relative) as seen from here: unchanged when the root is ".".
 std::string under(const std::string& root, const std::string& rel) {
   return root == "." || fs::path(rel).is_absolute() ? rel : (fs::path(root) / rel).string();
@@ -167,6 +159,14 @@ int print_check(const SweepPlan& p, const SweepCheck& c, const std::string& root
 
 }  // namespace
 
+std::string shell_quote(const std::string& s) {
+  static const std::regex plain("[A-Za-z0-9._+=/:,@%-]+");
+  if (std::regex_match(s, plain)) return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
 SweepPlan expand_experiment(const Experiment& e, const std::string& scale) {
   const ExperimentScale& s = e.scale(scale);
   SweepPlan p;
@@ -202,7 +202,8 @@ nlohmann::json sweep_json(const SweepPlan& plan) {
     for (const auto& [axis, part] : r.axes) axes[axis] = part;
     runs.push_back({{"index", r.index}, {"run", r.run}, {"kind", plan.kind}, {"axes", axes},
                     {"overrides", r.overrides}, {"results", r.results}, {"checkpoint_dir", r.checkpoint_dir},
-                    {"world_size", r.world_size}, {"args", r.args}});
+                    {"world_size", r.world_size}, {"args", r.args},
+                    {"compression", r.compression.empty() ? nlohmann::json() : nlohmann::json(r.compression)}});
   }
   const SlurmResources& s = plan.slurm;
   const nlohmann::json array_limit = s.array_limit > 0 ? nlohmann::json(s.array_limit) : nlohmann::json();
@@ -248,8 +249,20 @@ SweepCheck check_sweep(const SweepPlan& plan, const std::string& root) {
   return c;
 }
 
+void label_runs(SweepPlan& plan, const std::string& root) {
+  if (plan.kind != "train") return;
+  for (auto& r : plan.runs) {
+    try {
+      const auto [config, sets] = config_and_sets(r.args);
+      r.compression = compression_label(load_config(under(root, config), sets).compression);
+    } catch (const std::exception&) {
+      r.compression.clear();  // --check names the problem
+    }
+  }
+}
+
 int run_sweep_command(const SweepOptions& o) {
-  const SweepPlan plan = expand_experiment(load_experiment(o.file, o.root), o.scale);
+  SweepPlan plan = expand_experiment(load_experiment(o.file, o.root), o.scale);
   if (o.check) {
     const std::string refusal = gpu_build_refusal(plan, kBuiltWithCuda, build_description());
     if (!refusal.empty()) {
@@ -259,6 +272,7 @@ int run_sweep_command(const SweepOptions& o) {
     return print_check(plan, check_sweep(plan, o.root), o.root);
   }
   if (o.json) {
+    label_runs(plan, o.root);
     std::cout << sweep_json(plan).dump(2) << "\n";
     return 0;
   }

@@ -1,4 +1,4 @@
-#include "harness/tools/eval_checkpoint.h"
+#include "harness/checkpoints/eval_checkpoint.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -20,8 +20,9 @@
 #include "harness/records/metrics.h"
 #include "harness/records/results_reader.h"
 #include "harness/records/run_info.h"
-#include "harness/tools/checkpoint_reshard.h"
+#include "harness/checkpoints/checkpoint_reshard.h"
 #include "harness/train/run_records.h"
+#include "harness/train/stage_functions.h"
 #include "harness/train/trainer.h"
 
 namespace optcc {
@@ -134,17 +135,6 @@ torch::Tensor sample_batch(const data::GptDataset& ds, int64_t j, int64_t b) {
 }
 
 // ---- the forward pass ----------------------------------------------------------------------------
-
-// One micro-batch through this rank's stage (tokens [b, s] used on the first stage only): the hidden
-// states [s, b, h] on the last stage, undefined elsewhere.
-torch::Tensor stage_forward(GptModelImpl& model, StageLink& link, int mb, const torch::Tensor& tokens) {
-  const auto& st = model.stage();
-  auto x = st.is_first ? model.embed(tokens) : link.recv_forward(mb);
-  x = model.run_layers(x);
-  if (st.is_last) return x;
-  link.send_forward(x, mb);
-  return {};
-}
 
 // Sum of `local` over the world, as the reporter ranks (last stage, TP rank 0) hold it.
 double world_sum(Distributed& d, const GptModelImpl& model, double local) {
@@ -480,6 +470,12 @@ std::string eval_report(const EvalResult& r) {
     out += fmt::format("  last-word accuracy {:.4f} ({} of {} documents; {} documents of the split skipped: no word "
                        "or no context)\n",
                        r.lastword_accuracy, r.lastword_correct, r.lastword_documents, r.lastword_skipped);
+    if (r.lastword_accuracy < 0.01) {
+      out += fmt::format("  (a document counts only when every piece of its last word is the model's first choice; "
+                         "at a validation ppl of {:.0f} an accuracy near 0 is expected: small, briefly trained "
+                         "models such as the demo's get there only far lower)\n",
+                         std::exp(r.loss));
+    }
   }
   out += fmt::format("  merge checks (max |diff|): DP replicas {:.3g}, tied embedding copies {:.3g}, TP copies of "
                      "replicated parameters {:.3g}\n",

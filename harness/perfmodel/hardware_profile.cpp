@@ -1,5 +1,5 @@
 // Hardware profile files (hardware_profile.h documents the format).
-#include "harness/tools/hardware_profile.h"
+#include "harness/perfmodel/hardware_profile.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -23,7 +23,7 @@ namespace fs = std::filesystem;
 [[noreturn]] void fail(const std::string& origin, const std::string& key, const std::string& value,
                        const std::string& rule) {
   throw ConfigError(fmt::format("profile error: {}: {} = {}: {}. Fix: edit the profile (format: "
-                                "harness/tools/hardware_profile.h).",
+                                "harness/perfmodel/hardware_profile.h).",
                                 origin, key, value, rule));
 }
 

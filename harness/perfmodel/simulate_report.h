@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "harness/config/config.h"
-#include "harness/tools/simulator.h"
+#include "harness/perfmodel/simulator.h"
 
 namespace optcc {
 

@@ -1,5 +1,5 @@
 // The `optcc traffic` report (traffic_report.h): formatting only; the numbers come from the estimate.
-#include "harness/tools/traffic_report.h"
+#include "harness/perfmodel/traffic_report.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -47,8 +47,8 @@ std::string describe_scheme(const Config& cfg) {
   const auto& k = cfg.compression;
   return fmt::format("scheme '{}': dp={} (dp_stages {}) | pipeline_backward={} ({}, lep {}) | pipeline_forward={} | "
                      "fused_embedding={} | embedding={} | tp={}",
-                     k.scheme.empty() ? "-" : k.scheme, to_yaml_value(k.dp), k.dp_stages, to_yaml_value(k.pipeline_backward),
-                     k.backward_phases, k.lep, to_yaml_value(k.pipeline_forward), k.fused_embedding ? "on" : "off",
+                     k.scheme.empty() ? "-" : k.scheme, to_yaml_value(k.dp), k.dp_stages.text(), to_yaml_value(k.pipeline_backward),
+                     to_string(k.backward_phases), to_string(k.lep), to_yaml_value(k.pipeline_forward), k.fused_embedding ? "on" : "off",
                      to_yaml_value(k.embedding), to_yaml_value(k.tp));
 }
 
@@ -144,7 +144,7 @@ void report_cluster(std::string& out, const TrafficEstimate& e) {
 }
 
 void report_spec_rows(std::string& out, const TrafficEstimate& e, const PaperTrafficRows& rows) {
-  out += "\nSpec §9 rows (this model and layout; baseline / technique variants of the config)\n";
+  out += "\ndocs/design.md §9 rows (this model and layout; baseline / technique variants of the config)\n";
   auto row = [&](const std::string& what, const std::string& value) { out += fmt::format("  {:<58} {}\n", what, value); };
   std::string theta;
   for (auto v : rows.stage_parameters) theta += (theta.empty() ? "" : " / ") + fmt::format("{:.1f} M", v / 1e6);

@@ -1,5 +1,5 @@
 // Reading and checking experiment files (experiment_file.h, experiments/README.md).
-#include "harness/tools/experiment_file.h"
+#include "harness/experiments/experiment_file.h"
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -388,7 +388,7 @@ void read_scales(const Reader& r, const YAML::Node& n, const std::vector<GridAxi
   for (const auto& name : experiment_scale_names()) {
     if (!n[name]) {
       r.fail("scales", "", "lacks the scale `" + name + "`: every experiment file defines " +
-             join(experiment_scale_names()) + " (spec §8 sizes and layout; the same structure shrunk to one CPU "
+             join(experiment_scale_names()) + " (docs/design.md §8 sizes and layout; the same structure shrunk to one CPU "
              "machine)", "add `scales: {" + name + ": {base: ..., slurm: ...}}`");
     }
     e.scales.push_back(read_scale(r, n[name], name, grid));

@@ -20,7 +20,9 @@
 //               mem (null = not set), exclusive, gpus_per_task}, "needs_gpus" (the slurm block asks
 //               for GPUs), "gpus" ("16 nodes x 8 GPUs", SlurmResources::gpu_text; null without), "build": {"cuda" (kBuiltWithCuda), "description" (build_description())},
 //               "runs": [{"index", "run", "kind", "axes": {axis: part}, "overrides", "results",
-//               "checkpoint_dir" ("" for a benchmark), "world_size", "args"}]}
+//               "checkpoint_dir" ("" for a benchmark), "world_size", "args", "compression" (what
+//               the run compresses, compression_label in config.h, e.g. "baseline" or
+//               "dp=powersgd(rank=4)"; null for a benchmark or a config that does not load)}]}
 //               (slurm/submit reads needs_gpus, gpus and build from here instead of deriving them.)
 //   --index I   run I's args, one per line
 //   --check     first: a scale whose slurm block asks for GPUs is refused when this binary was built
@@ -37,7 +39,7 @@
 #include <utility>
 #include <vector>
 
-#include "harness/tools/experiment_file.h"
+#include "harness/experiments/experiment_file.h"
 
 namespace optcc {
 
@@ -50,6 +52,8 @@ struct SweepRun {
   std::string checkpoint_dir;                              // results/<experiment>/ckpt/<run>; "" benchmark
   int64_t world_size = 1;                                  // slurm nodes * tasks_per_node
   std::vector<std::string> args;                           // optcc arguments (train) or the command line
+  std::string compression;  // what the run compresses (compression_label, config.h); "" until
+                            // label_runs() loads its config, and for a benchmark run
 };
 
 struct SweepPlan {
@@ -64,10 +68,17 @@ struct SweepPlan {
 /// runs get the same name (naming both indices and the parts that collided).
 SweepPlan expand_experiment(const Experiment& e, const std::string& scale);
 
+/// `s` as one shell word: unchanged when it is plain ([A-Za-z0-9._+=/:,@%-]), else in single quotes.
+std::string shell_quote(const std::string& s);
+
 /// One line per run: INDEX<TAB>RUN<TAB>overrides (shell-quoted where needed), each ending in '\n'.
 std::string sweep_listing(const SweepPlan& plan);
 /// The --json object (header comment).
 nlohmann::json sweep_json(const SweepPlan& plan);
+
+/// Sets each train run's `compression` from its loaded config (base under `root`, its --set list);
+/// a run whose config does not load keeps "" (`--check` names the problem). `--json` calls it.
+void label_runs(SweepPlan& plan, const std::string& root = ".");
 
 /// A run whose config does not load or validate: its index, name and the ConfigError's message.
 struct RunProblem {

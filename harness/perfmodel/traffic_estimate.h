@@ -1,6 +1,6 @@
 // Analytic traffic: the bytes one training iteration sends, by traffic class and link, per rank and
 // for the whole cluster, computed from the config alone (no process group, no data, no tensors).
-// `optcc traffic --config ...` prints it (traffic_report.h); spec §9 is the reference for the arithmetic.
+// `optcc traffic --config ...` prints it (traffic_report.h); docs/design.md §9 is the reference for the arithmetic.
 //
 // The model mirrors what the runtime meters (harness/parallel/communicator.h), call for call:
 //   - byte conventions per rank: all-reduce of X over n ranks 2(n-1)·X/n (integer division per
@@ -8,22 +8,24 @@
 //   - a group's link is RankLayout::group_link of its members (inter-node when any two sit on
 //     different nodes), so e.g. PP sends are "inter" as soon as the pipeline group spans nodes;
 //   - parameter shapes per TP rank come from stage_parameter_shapes() below, which lists what
-//     GptModel (models/gpt.h) registers; the DP reducers' payloads follow their headers
-//     (compression/powersgd.h, cast_reducer.h, grad_reducer.h, elementwise_reducer.h), the pipeline
-//     codecs' bytes come from the codec objects themselves (ActCodec::payload_bytes) and the
-//     epilogue-only decision from the schedule (schedule.h backward_send_is_epilogue).
+//     GptModel (models/gpt.h) registers; the DP and embedding reducers' operations are their own
+//     plans (GradReducer::plan, compression/comm_plan.h), the pipeline codecs' bytes
+//     and arithmetic come from the codec objects themselves (ActCodec::payload_bytes,
+//     encode_arithmetic), the epilogue-only decision from the schedule (schedule.h
+//     backward_send_is_epilogue) through the pipeline policy's rule, and the LEP buffers from the
+//     policy (PipelinePolicy::compresses_backward_send, lep_buffers; compression/pipeline_policy.h).
 // Per class (stage k of p, m micro-batches, N = s·b·h elements per message, β bytes per element,
 // slice = N/t with scatter-gather (t > 1, t | N), else N):
 //   tp         m·[(L_k·k_TP + [k=0] + [k=p-1])·AR_t(N·β) + [k=p-1]·3·AR_t(s·b·4)], k_TP = 4
 //              (2 forward, 2 backward all-reduces per layer; optcc does not recompute) or 6 with
 //              options.recompute (the paper's runs: + 2 recomputed forward). The last term is the
-//              vocab-parallel cross-entropy's 3 all-reduces of [s·b] fp32 that spec §9 neglects.
+//              vocab-parallel cross-entropy's 3 all-reduces of [s·b] fp32 that docs/design.md §9 neglects.
 //              compression.tp fp16/bf16: 2 bytes per element except the max all-reduce.
 //   pp_fwd     [k<p-1]·m sends on the pipeline link (slice·β, or the forward codec's payload)
 //              + [k>0]·m all-gathers of (t-1)·slice·β on the TP link (scatter-gather only).
 //   pp_bwd     [k>0]·m sends (compressed ones: the backward codec's payload, e.g. lowrank
 //              4·r·(rows+cols)) + [k<p-1]·m all-gathers of (t-1)·slice·β on the TP link.
-//   dp         the stage's DP reducer (compression.dp when k < sc_way, else none) over its DP
+//   dp         the stage's DP reducer (compression.dp when SC's stage_compresses_dp says so, else none) over its DP
 //              gradient list (every parameter, minus the word embedding under FE) on the DP group.
 //   embedding  baseline: the 2-rank pair all-reduce of E·β (E = Vp·h/t) on the first and last
 //              stage (p > 1); FE: one all-reduce of E·β over the 2d-rank FE group (d when p = 1).
@@ -37,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "compression/comm_plan.h"
 #include "harness/parallel/communicator.h"
 #include "harness/config/config.h"
 #include "harness/parallel/layout.h"
@@ -63,7 +66,7 @@ struct ParamShape {
 ///                 mlp.fc1.weight [4h/t, h], mlp.fc1.bias [4h/t], mlp.fc2.weight [h, 4h/t],
 ///                 mlp.fc2.bias [h]   (i is the stage-local index, as in the model)
 ///   last stage:   final_ln.{weight,bias} [h]
-/// So Θ_k = layers·(12h²/t + 7h/t + 6h) + [first](E + S·h) + [last](E + 2h), E = Vp·h/t (spec §9).
+/// So Θ_k = layers·(12h²/t + 7h/t + 6h) + [first](E + S·h) + [last](E + 2h), E = Vp·h/t (docs/design.md §9).
 /// REQUIRES 0 <= stage < parallel.pp (std::out_of_range otherwise); h, 4h and Vp divisible by t.
 std::vector<ParamShape> stage_parameter_shapes(const Config& cfg, int stage);
 
@@ -84,7 +87,7 @@ struct TrafficModelOptions {
   /// run meters them; N > 0: both N (e.g. 2 for the paper's all-fp16 Megatron runs).
   int64_t element_bytes = 0;
   int64_t ranks_per_node = 0;  // 0: parallel.ranks_per_node, or 8 (the paper's nodes) if that is 0
-  /// DP PowerSGD as the reference (spec §6.2): every ≥2-D gradient compressed, i.e. the reducer's
+  /// DP PowerSGD as the reference (docs/design.md §6.2): every ≥2-D gradient compressed, i.e. the reducer's
   /// min_compression_rate treated as 0. Off: the configured rule (default 2.0, BR-04).
   bool reference_powersgd = false;
   /// The global step being modelled: reducers whose warm-up covers it reduce raw. Default: after
@@ -93,34 +96,8 @@ struct TrafficModelOptions {
   bool gloo = false;  // CPU / Gloo: the bf16 DP reducer all-gathers instead of all-reducing
 };
 
-/// One operation behind the byte counts, as the runtime issues it: a collective on the group the
-/// operation belongs to, or local arithmetic of a compressor. The traffic model sums the bytes of
-/// the collectives (sent_bytes); the simulator (simulator.h) replays the whole list in order.
-struct CommStep {
-  bool compute = false;                               // false: a collective
-  CollectiveKind kind = CollectiveKind::kAllReduce;   // collective: its kind
-  int64_t bytes = 0;           // collective: the tensor bytes X the Communicator gets (all_gather: this
-                               // rank's input); one rank sends LinkEmulator::ring_send_bytes(kind, X, n)
-  double flops = 0;            // compute: FLOPs of the compressor's arithmetic
-  double memory_bytes = 0;     // compute: bytes it reads and writes (element-wise work)
-  std::string codec;           // compute: the compressor ("powersgd", "lowrank", ...) whose throughput applies
-  std::string what;            // a label for reports ("P all-reduce", "P = MQ", ...)
-};
 /// Σ ring_send_bytes over the collectives of `steps` on a group of `n` ranks (0 when n < 2).
 int64_t sent_bytes(const std::vector<CommStep>& steps, int64_t n);
-
-/// A DP or embedding reducer's operations for one call over gradients of `shapes` on a group of `n`
-/// ranks, in the order its header lists them (none: one flat all-reduce; fp16/bf16: one 16-bit
-/// collective; powersgd: P = MQ, P all-reduce, raw all-reduce, orthogonalise + Q = MᵀP, Q
-/// all-reduce, P̂Qᵀ; topk/randomk/qsgd/signsgd: one compressed collective and one raw all-reduce).
-/// `modelled` false, with a note, for a reducer the model does not know.
-struct ReducerPlan {
-  bool modelled = true;
-  std::vector<CommStep> steps;
-  std::string note;
-};
-ReducerPlan reducer_plan(const CompressorSpec& spec, const std::vector<std::vector<int64_t>>& shapes, int64_t n,
-                         const TrafficModelOptions& o);
 
 using ClassLinkBytes = std::array<std::array<int64_t, 2>, kNumTraffic>;  // [Traffic][Link]
 
@@ -141,15 +118,15 @@ struct StageTrafficEstimate {
   int64_t dp_elements = 0;     // of those, handed to the DP reducer (FE removes the word embedding)
   bool holds_word_embedding = false;
   std::string dp_reducer;      // the reducer this stage uses ("none" for SC-raw stages)
-  bool compresses_dp = false;  // stage < sc_way and compression.dp != none
+  bool compresses_dp = false;  // stage_compresses_dp() (compression/stage_selection.h); auto modelled as all
   int64_t tp = 0;              // bytes per GPU per iteration, by component
   int64_t pp_fwd_send = 0, pp_fwd_gather = 0;
   int64_t pp_bwd_send = 0, pp_bwd_gather = 0;
   int64_t backward_sends = 0, backward_compressed = 0;  // messages to stage k-1 per iteration
   int64_t dp = 0;
-  int64_t dp_word_embedding_share = 0;  // baseline only: 2(d-1)/d·E·β of the DP all-reduce (spec §9)
+  int64_t dp_word_embedding_share = 0;  // baseline only: 2(d-1)/d·E·β of the DP all-reduce (docs/design.md §9)
   int64_t embedding = 0;
-  int64_t lep_bytes = 0;       // LEP buffers held (fp32 slice; m of them for per_microbatch)
+  int64_t lep_bytes = 0;       // LEP buffers held at most (PipelinePolicy::lep_buffers() fp32 slices)
 
   // The operations behind these bytes, per TP rank (the simulator replays them):
   int64_t tp_message_bytes = 0;              // one layer all-reduce: N·β (the whole activation)
@@ -197,7 +174,7 @@ TrafficEstimate estimate_traffic(const Config& cfg, const TrafficModelOptions& o
 /// compression section of a plain copy (apply_compression_scheme) writes through to `c`.
 Config detached_copy(const Config& c);
 
-/// The rows of spec §9's worked-numbers table for `cfg`'s model and layout. Rows that compare
+/// The rows of docs/design.md §9's worked-numbers table for `cfg`'s model and layout. Rows that compare
 /// techniques evaluate estimate_traffic() on variants of `cfg`: its compression reset to the
 /// baseline, plus CB (cfg's pipeline_backward codec, or the paper's lowrank rank 16 when cfg has
 /// none) in epilogue or all phases, or plus FE+SC (cfg's dp reducer and dp_stages when cfg
@@ -215,10 +192,11 @@ struct PaperTrafficRows {
   std::string fe_sc_reducer;                 // the DP reducer of the FE+SC variant, as YAML
   std::string fe_sc_stages;                  // its dp_stages
   int64_t embedding_total_baseline = 0;      // pair sync + word-embedding share of DP (cluster)
-  int64_t embedding_total_fe = 0;            // FE with per-TP-rank groups (optcc, spec §5.3 [REC])
+  int64_t embedding_total_fe = 0;            // FE with per-TP-rank groups (optcc, docs/design.md §5.3)
   int64_t embedding_total_fe_reference = 0;  // the reference's single group: 2(n-1)·E·β
   int64_t tp_total = 0;                      // TP class, cluster (cfg's k_TP)
-  int64_t lep_per_gpu = 0;                   // one slice, fp32
+  int64_t lep_per_gpu = 0;                   // the most LEP bytes a GPU holds under cfg's lep mode: cfg's
+                                             // CB, else the CB rows' epilogue variant (PipelinePolicy::lep_buffers() slices)
   std::vector<std::string> notes;
 };
 PaperTrafficRows paper_traffic_rows(const Config& cfg, const TrafficModelOptions& o = {});

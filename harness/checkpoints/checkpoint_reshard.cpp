@@ -1,4 +1,4 @@
-#include "harness/tools/checkpoint_reshard.h"
+#include "harness/checkpoints/checkpoint_reshard.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -1,5 +1,5 @@
 // Scale simulator: one training iteration of any model, layout and cluster, replayed as discrete
-// events (issue 13). `optcc simulate` (simulate_report.h) prints it per compression scheme.
+// events. `optcc simulate` (simulate_report.h) prints it per compression scheme.
 //
 // What is replayed, per rank (every TP, DP and PP rank of the layout):
 //   1. the pipeline schedule as data: communication_plan() of parallel.schedule (1F1B or GPipe,
@@ -33,8 +33,8 @@
 #include <vector>
 
 #include "harness/config/config.h"
-#include "harness/tools/hardware_profile.h"
-#include "harness/tools/traffic_estimate.h"
+#include "harness/perfmodel/hardware_profile.h"
+#include "harness/perfmodel/traffic_estimate.h"
 #include "harness/train/breakdown.h"
 
 namespace optcc {

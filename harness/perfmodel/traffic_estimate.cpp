@@ -1,6 +1,7 @@
-// Analytic traffic per iteration (traffic_estimate.h). Every formula here restates, for one rank, the
-// collectives and sends the runtime issues; the header lists them class by class.
-#include "harness/tools/traffic_estimate.h"
+// Analytic traffic per iteration (traffic_estimate.h): for one rank, the collectives and sends the
+// runtime issues, class by class. The compressors' own plans (compression/comm_plan.h) and the
+// pipeline and SC policies (compression/pipeline_policy.h, stage_selection.h) are asked, never restated.
+#include "harness/perfmodel/traffic_estimate.h"
 
 #include "models/precision.h"
 
@@ -15,9 +16,8 @@
 #include "compression/act_codec.h"
 #include "compression/grad_reducer.h"
 #include "compression/options.h"
-#include "compression/powersgd.h"
-#include "compression/elementwise_reducer.h"
 #include "harness/parallel/schedule.h"
+#include "harness/train/grad_sync.h"
 
 namespace optcc {
 namespace {
@@ -33,106 +33,6 @@ int64_t product(const std::vector<int64_t>& shape) {
 }
 
 std::string spec_text(const CompressorSpec& spec) { return to_yaml_value(spec); }
-
-CommStep collective(CollectiveKind kind, int64_t bytes, std::string what) {
-  CommStep c;
-  c.kind = kind;
-  c.bytes = bytes;
-  c.what = std::move(what);
-  return c;
-}
-
-CommStep arithmetic(std::string codec, double flops, double memory_bytes, std::string what) {
-  CommStep c;
-  c.compute = true;
-  c.flops = flops;
-  c.memory_bytes = memory_bytes;
-  c.codec = std::move(codec);
-  c.what = std::move(what);
-  return c;
-}
-
-int64_t total_numel(const std::vector<std::vector<int64_t>>& shapes) {
-  int64_t numel = 0;
-  for (const auto& s : shapes) numel += product(s);
-  return numel;
-}
-
-ReducerPlan none_reducer_plan(const std::vector<std::vector<int64_t>>& shapes, int64_t beta) {
-  // NoneReducer: one flat all-reduce in the gradient dtype.
-  return {true, {collective(CollectiveKind::kAllReduce, total_numel(shapes) * beta, "gradient all-reduce")}, ""};
-}
-
-// powersgd.h steps 2-8 (the reducer's plan): matrices [shape[0], numel/shape[0]] with
-// r = min(rank, rows, cols) and rows·cols / ((rows+cols)·r) >= min_compression_rate go low-rank.
-// Arithmetic per matrix: P = MQ 2·rows·cols·r, Q = MᵀP̂ 2·rows·cols·r, P̂Qᵀ 2·rows·cols·r,
-// orthogonalisation (MGS) 2·rows·r²; element-wise: M = grad + EF and the EF update, fp32.
-ReducerPlan powersgd_plan(const CompressorSpec& spec, const std::vector<std::vector<int64_t>>& shapes,
-                          const TrafficModelOptions& o) {
-  PowerSgdOptions opt = PowerSgdOptions::from_yaml(spec.options);
-  if (o.step < opt.warmup_steps) return none_reducer_plan(shapes, gradient_element_bytes(o));
-  if (o.reference_powersgd) opt.min_compression_rate = 0.0;
-  int64_t p_numel = 0, q_numel = 0, raw_numel = 0;
-  double gemm = 0, orth = 0, low_numel = 0;
-  for (const auto& s : shapes) {
-    const int64_t numel = product(s);
-    const int64_t rows = s.size() >= 2 ? s[0] : 0;
-    const int64_t cols = rows > 0 ? numel / rows : 0;
-    const int64_t r = std::min({opt.rank, rows, cols});
-    const bool worth = r > 0 && double(rows) * double(cols) / (double(rows + cols) * double(r)) >=
-                                    opt.min_compression_rate;
-    if (worth) {
-      p_numel += rows * r, q_numel += cols * r;
-      gemm += 2.0 * double(rows) * double(cols) * double(r);
-      orth += 2.0 * double(rows) * double(r) * double(r);
-      low_numel += double(numel);
-    } else {
-      raw_numel += numel;
-    }
-  }
-  const double ef = opt.error_feedback ? 3.0 * 4.0 * low_numel : 0.0;  // read grad and EF, write M
-  // Steps 5-7: P (sum), raw (sum), Q (sum): three all-reduces, fp32 as the runtime sends them
-  // (β = --element-bytes when given: the paper's all-fp16 messages).
-  const int64_t beta = gradient_element_bytes(o);
-  return {true,
-          {arithmetic("powersgd", gemm, ef + 4.0 * low_numel, "M = grad + EF, P = MQ"),
-           collective(CollectiveKind::kAllReduce, beta * p_numel, "P all-reduce"),
-           collective(CollectiveKind::kAllReduce, beta * raw_numel, "raw all-reduce"),
-           arithmetic("powersgd", orth + gemm, 4.0 * low_numel, "orthogonalise P, Q = MᵀP"),
-           collective(CollectiveKind::kAllReduce, beta * q_numel, "Q all-reduce"),
-           arithmetic("powersgd", gemm, ef + 4.0 * low_numel, "out = PQᵀ, EF update")},
-          ""};
-}
-
-// elementwise_reducer.h: tensor i (N elements) raw when N < min_numel or compressed_bytes(N) >= 4N;
-// compressed messages of all tensors in ONE collective (randomk: all-reduce; topk, qsgd, signsgd:
-// all-gather), raw tensors in one fp32 all-reduce. The per-tensor byte formula is the reducer's own.
-// Arithmetic: element-wise passes (read the gradient, write the message), no FLOPs counted.
-ReducerPlan elementwise_plan(const Registry<GradReducer>& registry, const CompressorSpec& spec,
-                             const std::vector<std::vector<int64_t>>& shapes, const TrafficModelOptions& o) {
-  auto reducer = registry.create(spec.name, spec.options);
-  const auto* ew = dynamic_cast<const ElementwiseReducer*>(reducer.get());
-  if (!ew) return {false, {}, fmt::format("DP reducer '{}' is not an element-wise reducer", spec.name)};
-  const int64_t min_numel = option_value<int64_t>(spec.options, spec.name, "min_numel", 0);
-  int64_t compressed = 0, raw = 0, packed = 0;
-  for (const auto& s : shapes) {
-    const int64_t numel = product(s);
-    const int64_t c = ew->compressed_bytes(numel);
-    if (numel < min_numel || c >= 4 * numel) {
-      raw += numel;
-    } else {
-      compressed += c, packed += numel;
-    }
-  }
-  const bool reduce = spec.name == "randomk";
-  const auto kind = reduce ? CollectiveKind::kAllReduce : CollectiveKind::kAllGather;
-  return {true,
-          {arithmetic(spec.name, 0.0, 8.0 * double(packed), "encode"),
-           collective(kind, compressed, reduce ? "compressed all-reduce" : "compressed all-gather"),
-           collective(CollectiveKind::kAllReduce, gradient_element_bytes(o) * raw, "raw all-reduce"),
-           arithmetic(spec.name, 0.0, 8.0 * double(packed), "decode")},
-          ""};
-}
 
 // nullptr for `none`, else the codec the runtime would build (pipeline_codec_options fills sizes).
 std::unique_ptr<ActCodec> build_codec(const Config& cfg, const CompressorSpec& spec, const char* key) {
@@ -196,26 +96,30 @@ int64_t sent_bytes(const std::vector<CommStep>& steps, int64_t n) {
   return sum;
 }
 
-ReducerPlan reducer_plan(const CompressorSpec& spec, const std::vector<std::vector<int64_t>>& shapes, int64_t n,
-                         const TrafficModelOptions& o) {
-  (void)n;  // the operations do not depend on the group size; the bytes one rank sends do (sent_bytes)
-  const std::string& name = spec.name;
-  if (name == "none") return none_reducer_plan(shapes, gradient_element_bytes(o));
-  const int64_t numel = total_numel(shapes);
-  if (name == "fp16" || name == "bf16") {  // cast_reducer.h: Gloo (CPU) all-gathers the bf16 bits
-    const auto kind = name == "bf16" && o.gloo ? CollectiveKind::kAllGather : CollectiveKind::kAllReduce;
-    return {true, {arithmetic(name, 0.0, 6.0 * double(numel), "cast"), collective(kind, 2 * numel, name + " gradients")}, ""};
-  }
-  if (name == "powersgd") return powersgd_plan(spec, shapes, o);
-  Registry<GradReducer> registry;
-  register_builtin_grad_reducers(registry);
-  if (registry.contains(name) && (name == "topk" || name == "randomk" || name == "qsgd" || name == "signsgd")) {
-    return elementwise_plan(registry, spec, shapes, o);
-  }
-  return {false, {},
-          fmt::format("reducer '{}' is not modelled{}", name,
-                      registry.contains(name) ? "" : " (not registered in this build)")};
+namespace {
+
+PlanContext plan_context(const TrafficModelOptions& o, int64_t n) {
+  PlanContext ctx;
+  ctx.step = o.step;
+  ctx.element_bytes = o.element_bytes;
+  ctx.host_gloo = o.gloo;
+  ctx.compress_every_matrix = o.reference_powersgd;
+  ctx.group_size = n;
+  return ctx;
 }
+
+// A reducer as the runtime builds it; a bad name or option is the config's error.
+template <class Make>
+std::unique_ptr<GradReducer> build_reducer(Make make, const char* key, const CompressorSpec& spec) {
+  try {
+    return make();
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(fmt::format("config error: {} = {}: {}. Fix: pick a registered reducer and its options.",
+                                  key, spec_text(spec), e.what()));
+  }
+}
+
+}  // namespace
 
 int64_t ParamShape::numel() const { return product(shape); }
 
@@ -276,10 +180,6 @@ const RankTrafficEstimate& TrafficEstimate::gpu(int stage) const {
   return ranks.at(static_cast<size_t>(stage) * dims.tp * dims.dp);  // rank = tp + t·(dp + d·pp)
 }
 
-namespace {
-
-}  // namespace
-
 int64_t activation_element_bytes(const Config& cfg, const TrafficModelOptions& o) {
   return o.element_bytes > 0 ? o.element_bytes : precision_element_bytes(cfg.train.precision);
 }
@@ -303,11 +203,6 @@ void check_traffic_inputs(const Config& cfg, const TrafficModelOptions& o) {
                                   "messages, as the paper's runs), 4 (fp32), 1 (8-bit), or leave it out to take "
                                   "train.precision's and parallel.grad_reduce_dtype's",
                                   o.element_bytes));
-  }
-  const auto& k = cfg.compression;
-  if (k.backward_phases != "all" && k.backward_phases != "epilogue") {
-    throw ConfigError(fmt::format("config error: compression.backward_phases = '{}': must be all or epilogue",
-                                  k.backward_phases));
   }
 }
 
@@ -345,23 +240,6 @@ struct StageInputs {
   std::vector<CommStep> cb_encode, cb_decode;  // one compressed gradient's arithmetic
 };
 
-// The arithmetic of one compressed pipeline message of `slice` elements (ActCodec encode on the
-// sender, decode on the receiver). lowrank (codecs.h), matrix [rows, cols], rank r: encode P = MQ
-// and Q = MᵀP̂ 4·rows·cols·r plus orthogonalisation 2·rows·r², and with LEP the error x − P̂Qᵀ
-// another 2·rows·cols·r; decode P̂Qᵀ 2·rows·cols·r. Every codec: one fp32 pass over the message to
-// read it and one to write it (element-wise codecs: nothing else).
-void codec_arithmetic(StageInputs& in, const ActCodec& codec, const CompressorSpec& spec, int64_t slice, bool lep) {
-  double encode = 0, decode = 0;
-  if (spec.name == "lowrank") {
-    const auto shapes = codec.wire_shapes(slice);  // P̂ [rows, r], Q [cols, r]
-    const double rows = double(shapes.at(0).at(0)), r = double(shapes.at(0).at(1)), cols = double(shapes.at(1).at(0));
-    encode = 4.0 * rows * cols * r + 2.0 * rows * r * r + (lep ? 2.0 * rows * cols * r : 0.0);
-    decode = 2.0 * rows * cols * r;
-  }
-  in.cb_encode = {arithmetic(spec.name, encode, 8.0 * double(slice), "encode")};
-  in.cb_decode = {arithmetic(spec.name, decode, 8.0 * double(slice), "decode")};
-}
-
 // Pipeline codecs, built as the runtime builds them, the schedule (for the epilogue decision), SC.
 StageInputs stage_inputs(const Config& cfg, TrafficEstimate& e, const TrafficModelOptions& o) {
   const auto& k = cfg.compression;
@@ -376,7 +254,10 @@ StageInputs stage_inputs(const Config& cfg, TrafficEstimate& e, const TrafficMod
   in.bwd_bytes_compressed =
       bwd ? codec_bytes(*bwd, slice, "compression.pipeline_backward", k.pipeline_backward) : slice * in.beta;
   in.bwd_codec = bwd != nullptr;
-  if (bwd) codec_arithmetic(in, *bwd, k.pipeline_backward, slice, k.lep != "off");
+  if (bwd) {  // one compressed gradient's arithmetic, sender and receiver, as the codec counts it
+    in.cb_encode = {bwd->encode_arithmetic(slice, k.pipeline_policy().keeps_error())};
+    in.cb_decode = {bwd->decode_arithmetic(slice)};
+  }
   try {
     in.schedule = make_schedule(cfg.parallel.schedule);
   } catch (const std::exception& ex) {
@@ -410,9 +291,8 @@ void stage_pp_bytes(StageTrafficEstimate& g, const Config& cfg, const TrafficEst
   if (!first) {
     for (int mb = 0; mb < m; ++mb) {
       const bool compressed =
-          in.bwd_codec && (k.backward_phases == "all" ||
-                           backward_send_is_epilogue(*in.schedule, static_cast<int>(st), static_cast<int>(p),
-                                                     static_cast<int>(m), mb));
+          in.bwd_codec && k.pipeline_policy().compresses_backward_send(backward_send_is_epilogue(
+                              *in.schedule, static_cast<int>(st), static_cast<int>(p), static_cast<int>(m), mb));
       g.backward_sends += 1;
       g.backward_compressed += compressed;
       g.pp_bwd_send += compressed ? in.bwd_bytes_compressed : slice * beta;
@@ -421,61 +301,57 @@ void stage_pp_bytes(StageTrafficEstimate& g, const Config& cfg, const TrafficEst
     }
   }
   if (!last && e.scatter_gather) g.pp_bwd_gather = m * all_gather_bytes(t, slice * beta);
-  if (g.backward_compressed > 0) {  // pipeline_codec.h: fp32 buffers of one slice
-    if (k.lep == "lazy") g.lep_bytes = slice * 4;
-    if (k.lep == "per_microbatch") g.lep_bytes = g.backward_compressed * slice * 4;
-  }
+  g.lep_bytes = k.pipeline_policy().lep_buffers(g.backward_compressed) * slice * 4;  // fp32 slices
 }
 
-// DP: SC picks the reducer per stage (grad_sync.h GradientSync). False (and a note) when the
-// reducer's bytes are not modelled.
-bool stage_dp_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEstimate& e, const StageInputs& in,
+// DP: SC picks the reducer per stage (grad_sync.h make_dp_reducer, as GradientSync builds it).
+void stage_dp_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEstimate& e, const StageInputs& in,
                     const TrafficModelOptions& o, int64_t st, const std::vector<std::vector<int64_t>>& dp_shapes) {
   const auto& k = cfg.compression;
   const int64_t d = e.dims.dp;
-  g.compresses_dp = st < in.way && k.dp.name != "none";
-  const CompressorSpec none_spec;
-  const CompressorSpec& dp_spec = g.compresses_dp ? k.dp : none_spec;
-  g.dp_reducer = spec_text(dp_spec);
-  ReducerPlan dpb = reducer_plan(dp_spec, dp_shapes, d, o);
-  if (dp_spec.name == "none" && in.dp_raw_beta < 4 && o.element_bytes == 0) {
-    // grad_reduce_dtype: compute (NoneReducer's 16-bit wire): Communicator::all_reduce_summing_in_fp32
-    // pads the buffer to d equal chunks; the all-reduce's X is the padded tensor.
-    const int64_t numel = total_numel(dp_shapes), chunk = (numel + d - 1) / d;
-    dpb = {true, {collective(CollectiveKind::kAllReduce, chunk * d * in.dp_raw_beta, "gradient all-reduce (16-bit wire, fp32 sum)")}, ""};
-  }
-  if (!dpb.modelled) e.notes.push_back(fmt::format("dp on stage {}: {}", st, dpb.note));
-  g.dp = sent_bytes(dpb.steps, d);
-  g.dp_steps = std::move(dpb.steps);
-  if (!k.fused_embedding && g.holds_word_embedding && dp_spec.name == "none") {
+  g.compresses_dp = stage_compresses_dp(k.dp_stages, st, e.dims.pp, k.dp.name != "none", /*auto: modelled as all*/ true);
+  g.dp_reducer = g.compresses_dp ? spec_text(k.dp) : "none";
+  const auto reducer = build_reducer([&] { return make_dp_reducer(cfg, g.compresses_dp); }, "compression.dp", k.dp);
+  ReducerPlan plan = reducer->plan(dp_shapes, plan_context(o, d));
+  g.dp = sent_bytes(plan.steps, d);
+  g.dp_steps = std::move(plan.steps);
+  if (!k.fused_embedding && g.holds_word_embedding && !g.compresses_dp) {
     g.dp_word_embedding_share = all_reduce_bytes(d, in.emb_elements * in.dp_raw_beta);
   }
-  return dpb.modelled;
 }
 
-// Embedding: the pair sync (baseline) or the FE group all-reduce. False (and a note) when the
-// reducer's bytes are not modelled.
-bool stage_embedding_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEstimate& e, const StageInputs& in,
-                           const TrafficModelOptions& o) {
+// Embedding: the pair sync (baseline) or the FE group all-reduce, plain or through compression.embedding.
+void stage_embedding_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEstimate& e, const StageInputs& in,
+                           const TrafficModelOptions& o, int64_t st) {
   const auto& k = cfg.compression;
-  if (!g.holds_word_embedding) return true;
-  const int64_t p = e.dims.pp, d = e.dims.dp;
-  const int64_t n = k.fused_embedding ? (p > 1 ? 2 * d : d) : (p > 1 ? 2 : 1);
+  if (!g.holds_word_embedding) return;
+  // The group GradientSync reduces over, as the layout builds it (RankLayout::embedding_group: the
+  // first and last stage's pair; fused_embedding_group: that pair x every DP replica), seen from
+  // this stage's rank (TP 0, DP 0).
+  const RankLayout layout(e.dims, e.ranks_per_node);
+  const int rank = static_cast<int>(st) * e.dims.tp * e.dims.dp;
+  const int64_t n = static_cast<int64_t>(
+      layout.group(k.fused_embedding ? GroupKind::kFusedEmbedding : GroupKind::kEmbedding, rank).size());
   g.embedding_group = n;
-  if (k.embedding.name == "none") {
-    g.embedding_steps = {collective(CollectiveKind::kAllReduce, in.emb_elements * in.grad_beta, "word-embedding all-reduce")};
+  if (k.embedding.name == "none") {  // grad_sync.h: a plain sum of the fp32 gradient
+    g.embedding_steps = {collective_step(CollectiveKind::kAllReduce, in.emb_elements * in.grad_beta, "word-embedding all-reduce")};
     g.embedding = sent_bytes(g.embedding_steps, n);
-    return true;
+    return;
   }
-  ReducerPlan eb = reducer_plan(k.embedding, {{in.vp / e.dims.tp, cfg.model.hidden_size}}, n, o);
-  if (!eb.modelled) e.notes.push_back(fmt::format("embedding: {}", eb.note));
-  g.embedding = sent_bytes(eb.steps, n);
-  g.embedding_steps = std::move(eb.steps);
-  return eb.modelled;
+  const auto reducer = build_reducer(
+      [&] {
+        Registry<GradReducer> registry;
+        register_builtin_grad_reducers(registry);
+        return registry.create(k.embedding.name, k.embedding.options);
+      },
+      "compression.embedding", k.embedding);
+  ReducerPlan plan = reducer->plan({{in.vp / e.dims.tp, cfg.model.hidden_size}}, plan_context(o, n));
+  g.embedding = sent_bytes(plan.steps, n);
+  g.embedding_steps = std::move(plan.steps);
 }
 
 StageTrafficEstimate estimate_stage(const Config& cfg, TrafficEstimate& e, const StageInputs& in,
-                                    const TrafficModelOptions& o, int64_t st, bool& dp_modelled, bool& emb_modelled) {
+                                    const TrafficModelOptions& o, int64_t st) {
   const auto& k = cfg.compression;
   const int64_t t = e.dims.tp, p = e.dims.pp, m = e.micro_batches;
   const int64_t s = cfg.model.seq_len, b = cfg.train.micro_batch_size;
@@ -497,20 +373,20 @@ StageTrafficEstimate estimate_stage(const Config& cfg, TrafficEstimate& e, const
     g.tp_message_bytes = e.message_elements * in.tp_beta;
     g.tp_per_layer_forward = 2;
     g.tp_per_layer_backward = e.k_tp - 2;
-    if (first) g.tp_forward_extra.push_back(collective(ar, g.tp_message_bytes, "embedding all-reduce"));
+    if (first) g.tp_forward_extra.push_back(collective_step(ar, g.tp_message_bytes, "embedding all-reduce"));
     if (last) {
-      g.tp_forward_extra.push_back(collective(ar, s * b * 4, "cross-entropy max"));
-      g.tp_forward_extra.push_back(collective(ar, s * b * in.ce_beta, "cross-entropy sum"));
-      g.tp_forward_extra.push_back(collective(ar, s * b * in.ce_beta, "cross-entropy target logit"));
-      g.tp_backward_extra.push_back(collective(ar, g.tp_message_bytes, "output layer all-reduce"));
+      g.tp_forward_extra.push_back(collective_step(ar, s * b * 4, "cross-entropy max"));
+      g.tp_forward_extra.push_back(collective_step(ar, s * b * in.ce_beta, "cross-entropy sum"));
+      g.tp_forward_extra.push_back(collective_step(ar, s * b * in.ce_beta, "cross-entropy target logit"));
+      g.tp_backward_extra.push_back(collective_step(ar, g.tp_message_bytes, "output layer all-reduce"));
     }
     const int64_t per_mb = g.layers * e.k_tp * LinkEmulator::ring_send_bytes(ar, g.tp_message_bytes, static_cast<int>(t)) +
                            sent_bytes(g.tp_forward_extra, t) + sent_bytes(g.tp_backward_extra, t);
     g.tp = m * per_mb;
   }
   stage_pp_bytes(g, cfg, e, in, st);
-  if (!stage_dp_bytes(g, cfg, e, in, o, st, dp_shapes)) dp_modelled = false;
-  if (!stage_embedding_bytes(g, cfg, e, in, o)) emb_modelled = false;
+  stage_dp_bytes(g, cfg, e, in, o, st, dp_shapes);
+  stage_embedding_bytes(g, cfg, e, in, o, st);
   return g;
 }
 
@@ -543,10 +419,7 @@ TrafficEstimate estimate_traffic(const Config& cfg, const TrafficModelOptions& o
   TrafficEstimate e = estimate_frame(cfg, o);
   const RankLayout layout(e.dims, e.ranks_per_node);
   const StageInputs in = stage_inputs(cfg, e, o);
-  bool dp_modelled = true, emb_modelled = true;
-  for (int64_t st = 0; st < e.dims.pp; ++st) e.stages.push_back(estimate_stage(cfg, e, in, o, st, dp_modelled, emb_modelled));
-  e.modelled[static_cast<int>(Traffic::kDataParallel)] = dp_modelled;
-  e.modelled[static_cast<int>(Traffic::kEmbedding)] = emb_modelled;
+  for (int64_t st = 0; st < e.dims.pp; ++st) e.stages.push_back(estimate_stage(cfg, e, in, o, st));
   for (int r = 0; r < layout.world(); ++r) {
     RankTrafficEstimate re = rank_traffic(layout, e, cfg.compression.fused_embedding, r);
     for (int c = 0; c < kNumTraffic; ++c) {
@@ -566,6 +439,13 @@ int64_t stage_sum(const TrafficEstimate& e, int64_t StageTrafficEstimate::*field
   return sum;
 }
 
+// The most LEP bytes any GPU holds (stages differ: stage 0 sends no gradient backward).
+int64_t most_lep_bytes(const TrafficEstimate& e) {
+  int64_t most = 0;
+  for (const auto& g : e.stages) most = std::max(most, g.lep_bytes);
+  return most;
+}
+
 // CB: cfg's backward codec, else the paper's (the `cb` scheme's lowrank rank 16).
 void cb_rows(PaperTrafficRows& rows, const Config& cfg, const Config& base, const TrafficEstimate& own,
              const TrafficModelOptions& o) {
@@ -578,12 +458,16 @@ void cb_rows(PaperTrafficRows& rows, const Config& cfg, const Config& base, cons
   try {
     const auto codec = make_act_codec(cb_codec.name, pipeline_codec_options(cfg, cb_codec));
     rows.pp_message_cb = t * codec->payload_bytes(own.slice_elements);
-    for (const char* phases : {"epilogue", "all"}) {
+    for (const BackwardPhases phases : {BackwardPhases::kEpilogue, BackwardPhases::kAll}) {
       Config v = detached_copy(base);
       set_spec(v.compression.pipeline_backward, cb_codec);
       v.compression.backward_phases = phases;
-      const int64_t total = stage_sum(estimate_traffic(v, o), &StageTrafficEstimate::pp_bwd_send, per_stage);
-      (std::string(phases) == "all" ? rows.pp_backward_cb_all : rows.pp_backward_cb_epilogue) = total;
+      const TrafficEstimate cb_estimate = estimate_traffic(v, o);
+      const int64_t total = stage_sum(cb_estimate, &StageTrafficEstimate::pp_bwd_send, per_stage);
+      (phases == BackwardPhases::kAll ? rows.pp_backward_cb_all : rows.pp_backward_cb_epilogue) = total;
+      if (phases == BackwardPhases::kEpilogue && cfg.compression.pipeline_backward.name == "none") {
+        rows.lep_per_gpu = most_lep_bytes(cb_estimate);  // cfg has no CB of its own: the paper's
+      }
     }
   } catch (const std::exception& ex) {
     rows.notes.push_back(fmt::format("CB rows: {}", ex.what()));
@@ -607,19 +491,21 @@ void fe_sc_rows(PaperTrafficRows& rows, const Config& cfg, const Config& base, c
   set_spec(v.compression.dp, own_dp ? cfg.compression.dp : fesc.dp);
   v.compression.dp_stages = own_dp ? cfg.compression.dp_stages : fesc.dp_stages;
   rows.fe_sc_reducer = spec_text(v.compression.dp);
-  if (v.compression.dp.name == "powersgd" && !o.reference_powersgd) {
-    rows.notes.push_back(fmt::format(
-        "DP PowerSGD keeps a matrix raw when rows·cols / ((rows+cols)·r) < min_compression_rate ({}); the reference "
-        "compresses every >=2-D gradient (spec §6.2): --reference-powersgd models that",
-        PowerSgdOptions::from_yaml(v.compression.dp.options).min_compression_rate));
-  }
-  rows.fe_sc_stages = v.compression.dp_stages;
+  rows.fe_sc_stages = v.compression.dp_stages.text();
   const TrafficEstimate fs = estimate_traffic(v, o);
-  if (fs.modelled[static_cast<int>(Traffic::kDataParallel)]) {
-    for (const auto& g : fs.stages) rows.dp_per_gpu_fe_sc.push_back(g.dp);
-    rows.dp_total_fe_sc = fs.cluster_total(Traffic::kDataParallel);
-  } else {
-    for (const auto& n : fs.notes) rows.notes.push_back("FE+SC rows: " + n);
+  for (const auto& g : fs.stages) rows.dp_per_gpu_fe_sc.push_back(g.dp);
+  rows.dp_total_fe_sc = fs.cluster_total(Traffic::kDataParallel);
+  if (!o.reference_powersgd) {  // the reducer's own plan under the reference's rule: does it differ?
+    TrafficModelOptions every = o;
+    every.reference_powersgd = true;
+    const int64_t reference = estimate_traffic(v, every).cluster_total(Traffic::kDataParallel);
+    if (reference != rows.dp_total_fe_sc) {
+      rows.notes.push_back(fmt::format(
+          "the FE+SC DP reducer keeps some matrices raw by its own rule (powersgd: rows·cols / ((rows+cols)·r) < "
+          "min_compression_rate); the reference compresses every >=2-D gradient (docs/design.md §6.2): "
+          "--reference-powersgd models that ({} instead of {} DP bytes per iteration)",
+          reference, rows.dp_total_fe_sc));
+    }
   }
 }
 
@@ -641,7 +527,7 @@ PaperTrafficRows paper_traffic_rows(const Config& cfg, const TrafficModelOptions
   rows.embedding_total_baseline =
       b.cluster_total(Traffic::kEmbedding) + stage_sum(b, &StageTrafficEstimate::dp_word_embedding_share, per_stage);
   rows.tp_total = own.cluster_total(Traffic::kTensorParallel);
-  rows.lep_per_gpu = own.slice_elements * 4;
+  rows.lep_per_gpu = most_lep_bytes(own);  // replaced by the CB variant's when cfg has no CB (cb_rows)
   cb_rows(rows, cfg, base, own, o);
   fe_sc_rows(rows, cfg, base, own, o);
   return rows;

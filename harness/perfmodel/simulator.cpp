@@ -1,5 +1,5 @@
 // Scale simulator: plans per rank and their discrete-event replay (simulator.h).
-#include "harness/tools/simulator.h"
+#include "harness/perfmodel/simulator.h"
 
 #include <fmt/format.h>
 

@@ -1,5 +1,5 @@
 // `optcc calibrate` (calibrate.h): timings on this machine, written as a hardware profile.
-#include "harness/tools/calibrate.h"
+#include "harness/perfmodel/calibrate.h"
 
 #include <sys/wait.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
@@ -24,7 +24,7 @@
 #include "compression/act_codec.h"
 #include "harness/parallel/communicator.h"
 #include "harness/parallel/threads.h"
-#include "harness/tools/traffic_estimate.h"
+#include "harness/perfmodel/traffic_estimate.h"
 #include "harness/train/optimizer.h"
 #include "harness/train/trainer.h"
 #include "models/flops.h"
@@ -249,8 +249,8 @@ std::string profile_yaml(const Config& cfg, const Rates& r, int64_t n, int64_t r
                                       "load {:.1f} at the start; {})",
                                       cfg.source_path, n, reps, load, date);
   return fmt::format(
-      "# This machine, for the simulator (harness/tools/hardware_profile.h), written by `optcc calibrate`\n"
-      "# (harness/tools/calibrate.h says what each number measures). Every measured number: {}\n"
+      "# This machine, for the simulator (harness/perfmodel/hardware_profile.h), written by `optcc calibrate`\n"
+      "# (harness/perfmodel/calibrate.h says what each number measures). Every measured number: {}\n"
       "name: {}\n"
       "description: \"this machine ({} processes at once), links of {} (network section)\"\n"
       "device:\n"

@@ -1,5 +1,5 @@
 // `optcc simulate` output and command (simulate_report.h).
-#include "harness/tools/simulate_report.h"
+#include "harness/perfmodel/simulate_report.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -111,7 +111,7 @@ std::vector<std::string> parse_scheme_list(const std::string& list) {
 
 std::string simulate_report(const Config& cfg, const HardwareProfile& hw, const std::vector<SchemeSimulation>& runs,
                             const SimulateCommandOptions& o) {
-  std::string out = "optcc simulate (one iteration, discrete-event replay; harness/tools/simulator.h)\n";
+  std::string out = "optcc simulate (one iteration, discrete-event replay; harness/perfmodel/simulator.h)\n";
   out += "  " + layout_line(cfg, hw, o.sim, runs.at(0).traffic.micro_batches) + "\n  " + profile_line(hw) + "\n\n";
   out += fmt::format("{:<10} {:>11} {:>8}", "scheme", "iteration", "speed-up");
   for (int c = 0; c < kNumCategories; ++c) out += fmt::format(" {:>9}", category_name(Category(c)));
@@ -170,7 +170,7 @@ int match_regime_command(const Config& cpu, const SimulateCommandOptions& o) {
   Config paper = load_config(o.match_regime);
   paper.validate(paper.parallel.tp * paper.parallel.pp * paper.parallel.dp, Config::BuildLimits::kAnyBuild);
   SimOptions paper_opts = o.sim;
-  paper_opts.recompute = true;  // the paper's runs (spec §8.1)
+  paper_opts.recompute = true;  // the paper's runs (docs/design.md §8.1)
   const auto paper_run = simulate_schemes(paper, paper_hw, paper_opts, {"baseline"}).at(0);
   const double target = inter_node_share(paper_run.result);
   HardwareProfile machine = load_hardware_profile(o.machine_profile);
