@@ -115,6 +115,8 @@ struct Cli {
   std::string resume;
   bool allow_config_change = false;
   int nproc = 1;
+  LaunchNodes nodes;          // --nnodes, --node-rank, --master: one launcher per host
+  std::string master;         // --master HOST:PORT as typed
   CLI::App* data = nullptr;
   std::string data_action;
   bool data_retrain = false;
@@ -189,8 +191,14 @@ void add_bench_command(CLI::App& app, Cli& c) {
 void add_comm_check_command(CLI::App& app, Cli& c) {
   c.comm_check = app.add_subcommand("comm-check", "check a launch: rendezvous, every group, p2p");
   c.add_config(c.comm_check);
-  c.comm_check->add_option("--nproc", c.nproc, "local ranks to fork (omit under srun/torchrun)")->transform(decimal_integer());
-  c.train->add_option("--nproc", c.nproc, "local ranks to fork (omit under srun/torchrun)")->transform(decimal_integer());
+  for (CLI::App* cmd : {c.comm_check, c.train}) {
+    cmd->add_option("--nproc", c.nproc, "local ranks to fork (omit under srun/torchrun)")->transform(decimal_integer());
+    cmd->add_option("--nnodes", c.nodes.nnodes, "hosts of the run, one launcher on each (with --node-rank, --master)")
+        ->transform(decimal_integer());
+    cmd->add_option("--node-rank", c.nodes.node_rank, "this host's place, 0..nnodes-1 (0 runs global rank 0)")
+        ->transform(decimal_integer());
+    cmd->add_option("--master", c.master, "HOST:PORT of node 0 as every host reaches it (nnodes > 1)");
+  }
   c.comm_check->add_option("--die-rank", c.check_opts.die_rank, "test hook: this rank kills itself")
       ->transform(decimal_integer());
 }
@@ -411,6 +419,36 @@ int config_show_command(Config cfg) {
   return 0;
 }
 
+// --nnodes / --node-rank / --master, checked: one host unless --nnodes > 1, which needs the other two.
+LaunchNodes launch_nodes(const Cli& c) {
+  LaunchNodes n = c.nodes;
+  auto usage = [](const std::string& what, const std::string& rule) {
+    return ConfigError(fmt::format("error: {}: {}. Fix: on each of N hosts run optcc train ... --nproc P --nnodes N "
+                                "--node-rank K --master HOST:PORT, with K = 0 on the host at HOST",
+                                what, rule));
+  };
+  if (n.nnodes < 1) throw usage(fmt::format("--nnodes {}", n.nnodes), "must be at least 1");
+  if (n.node_rank < 0 || n.node_rank >= n.nnodes) {
+    throw usage(fmt::format("--node-rank {}", n.node_rank), fmt::format("must be from 0 to --nnodes - 1 = {}", n.nnodes - 1));
+  }
+  if (n.nnodes == 1) {
+    if (!c.master.empty()) throw usage("--master " + c.master, "is for runs of several hosts (--nnodes > 1)");
+    return n;
+  }
+  const size_t colon = c.master.rfind(':');
+  if (c.master.empty() || colon == std::string::npos || colon == 0) {
+    throw usage("--master '" + c.master + "'", fmt::format("--nnodes {} needs node 0's HOST:PORT", n.nnodes));
+  }
+  n.master_addr = c.master.substr(0, colon);
+  const std::string port = c.master.substr(colon + 1);
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoi(port) < 1 || std::stoi(port) > 65535) {
+    throw usage("--master " + c.master, "the port must be a number from 1 to 65535");
+  }
+  n.master_port = std::stoi(port);
+  return n;
+}
+
 // The parsed command on the loaded config. With --nproc > 1 outside a launched rank, this process
 // is the local launcher: it forks the ranks, which run the same command line.
 int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
@@ -424,15 +462,23 @@ int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
     resolve_vocab_for_model(cfg, "calibration");
     return run_calibrate_command(cfg, c.calibrate_opts);
   }
-  const bool is_launcher = c.nproc > 1 && std::getenv("OPTCC_RANK") == nullptr;
+  const bool is_launcher = (c.nproc > 1 || c.nodes.nnodes > 1) && std::getenv("OPTCC_RANK") == nullptr;
   if (c.train->parsed() && std::getenv("OPTCC_RANK") == nullptr) {  // once, before any rank starts
     check_run_inputs(cfg, train_options(c, cfg, argc, argv), prepare_command(c));
   }
   if (is_launcher) {
-    cfg.validate_layout(c.nproc);
+    const LaunchNodes nodes = launch_nodes(c);
+    cfg.validate_layout(c.nproc * nodes.nnodes);
+    if (nodes.nnodes > 1 && cfg.network.emulate) {
+      throw ConfigError(fmt::format(
+          "config error: network.emulate = true: --nnodes {} runs the ranks on {} hosts. Link emulation models a "
+          "cluster on ONE machine (its shared NICs live in this machine's shared memory). Fix: set "
+          "network.emulate: false to measure the real links, or run on one host (--nnodes 1)",
+          nodes.nnodes, nodes.nnodes));
+    }
     const auto nic_segment = make_launcher_nic_segment(cfg, c.nproc);  // emulated runs: shared NICs, unlinked at exit
     return launch_local(c.nproc, std::vector<std::string>(argv, argv + argc),
-                        std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000)));
+                        std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000)), nodes);
   }
   if (c.comm_check->parsed()) return run_comm_check(cfg, c.check_opts);
   if (c.train->parsed()) return train_command(c, cfg, argc, argv);

@@ -442,8 +442,9 @@ EvalResult run_eval(const EvalOptions& o, Distributed& d) {
 }
 
 EvalResult run_eval(const EvalOptions& o) {
-  const LaunchEnv env = detect_launch_env(process_env(), this_hostname());
+  LaunchEnv env = detect_launch_env(process_env(), this_hostname());
   const Config c = eval_config_of(o, env.world_size);
+  use_interface(env, c.parallel.interface);
   const ParallelDims dims{static_cast<int>(c.parallel.tp), static_cast<int>(c.parallel.pp),
                           static_cast<int>(c.parallel.dp)};
   const int per_node = c.parallel.ranks_per_node > 0 ? static_cast<int>(c.parallel.ranks_per_node) : env.local_world_size;

@@ -55,6 +55,9 @@ struct ParallelConfig {
   std::string schedule = "1f1b";     // pipeline schedule: 1f1b (Megatron, non-interleaved) | gpipe
   double timeout_seconds = 120.0;     // rendezvous and per-collective timeout, s; a dead rank ends
                                       // the run within this time
+  std::string interface;              // network interface the Gloo groups listen on (e.g. eth0,
+                                      // ib0); "" = GLOO_SOCKET_IFNAME when set, else the interface
+                                      // routed to MASTER_ADDR (harness/parallel/distributed.h)
   std::string device = "auto";        // where tensors live: auto | cpu | cuda (cuda:LOCAL_RANK % GPUs);
                                       // auto = cuda in a CUDA build that sees a GPU, else cpu
   std::string grad_reduce_dtype = "fp32";  // dtype of the uncompressed DP gradient all-reduce on the

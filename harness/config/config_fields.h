@@ -27,6 +27,7 @@ template <class V> void ParallelConfig::visit(V&& v) {
   v("stage_layers", stage_layers);
   v("schedule", schedule);
   v("timeout_seconds", timeout_seconds);
+  v("interface", interface);
   v("device", device);
   v("backend", backend);
   v("grad_reduce_dtype", grad_reduce_dtype);

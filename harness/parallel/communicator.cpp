@@ -9,8 +9,11 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "harness/parallel/device.h"
 #include "harness/parallel/link_emulator.h"
@@ -80,8 +83,24 @@ Communicator::Communicator(ProcessGroupPtr pg, std::vector<int> global_ranks, in
 Communicator::~Communicator() = default;
 
 std::string Communicator::describe(const std::string& op, int64_t bytes) const {
-  return fmt::format("rank {} (group {}, group rank {} of {}): {} of {} bytes", ranks_[rank_], name_,
-                     rank_, size(), op, bytes);
+  std::string where;
+  const std::set<std::string> hosts(member_hosts_.begin(), member_hosts_.end());
+  if (hosts.size() > 1 && member_hosts_.size() == ranks_.size()) {
+    std::vector<std::string> order;  // other hosts, in the order of their first member
+    std::map<std::string, std::vector<int>> ranks_on;
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      if (member_hosts_[i] == member_hosts_[rank_]) continue;
+      if (ranks_on[member_hosts_[i]].empty()) order.push_back(member_hosts_[i]);
+      ranks_on[member_hosts_[i]].push_back(ranks_[i]);
+    }
+    std::vector<std::string> parts;
+    for (const auto& h : order) {
+      parts.push_back(fmt::format("rank{} {} on {}", ranks_on[h].size() > 1 ? "s" : "", fmt::join(ranks_on[h], ","), h));
+    }
+    where = fmt::format(" [this rank on {}; across hosts: {}]", member_hosts_[rank_], fmt::join(parts, "; "));
+  }
+  return fmt::format("rank {} (group {}, group rank {} of {}): {} of {} bytes{}", ranks_[rank_], name_,
+                     rank_, size(), op, bytes, where);
 }
 
 void Communicator::record(Traffic cls, int64_t bytes, double seconds, double emulated_seconds) {

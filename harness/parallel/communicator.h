@@ -137,6 +137,10 @@ class Communicator {
   const std::vector<int>& global_ranks() const { return ranks_; }
   const std::string& name() const { return name_; }
   Link link() const { return link_; }
+  /// The host of each member ("name (address)", in global_ranks() order). When the members span
+  /// more than one host, a failed operation's error lists which rank runs where, so a cut link
+  /// or a dead host is named (init_distributed sets it).
+  void set_member_hosts(std::vector<std::string> hosts) { member_hosts_ = std::move(hosts); }
 
   // Collectives: all ranks of the group call them in the same order with same-shaped tensors.
   /// In-place sum (or max) over the group. `t` contiguous, any float dtype.
@@ -228,6 +232,7 @@ class Communicator {
   std::array<torch::ScalarType, kNumTraffic> wire_dtype_{};  // kByte (0) = no cast
   LinkEmulator* emu_ = nullptr;
   c10::Device backend_device_ = c10::Device(c10::DeviceType::CPU);
+  std::vector<std::string> member_hosts_;  // set_member_hosts; empty = not known
 };
 
 }  // namespace optcc

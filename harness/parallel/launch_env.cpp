@@ -271,11 +271,22 @@ std::string this_hostname() {
   return buf;
 }
 
+void use_interface(LaunchEnv& e, const std::string& config_value) {
+  if (config_value.empty()) return;
+  e.interface = config_value;
+  e.interface_source = "parallel.interface";
+}
+
 LaunchEnv detect_launch_env(const EnvLookup& env, const std::string& hostname) {
-  if (env("OPTCC_RANK") || env("OPTCC_WORLD_SIZE")) return from_local(Reader(env, "local"));
-  if (env("RANK") || env("WORLD_SIZE")) return from_torchrun(Reader(env, "torchrun"));
-  if (env("SLURM_PROCID")) return from_slurm(Reader(env, "slurm"), hostname);
-  return LaunchEnv{};
+  LaunchEnv e;
+  if (env("OPTCC_RANK") || env("OPTCC_WORLD_SIZE")) e = from_local(Reader(env, "local"));
+  else if (env("RANK") || env("WORLD_SIZE")) e = from_torchrun(Reader(env, "torchrun"));
+  else if (env("SLURM_PROCID")) e = from_slurm(Reader(env, "slurm"), hostname);
+  if (const auto ifname = env("GLOO_SOCKET_IFNAME"); ifname && !ifname->empty()) {
+    e.interface = *ifname;
+    e.interface_source = "GLOO_SOCKET_IFNAME";
+  }
+  return e;
 }
 
 std::vector<std::string> expand_slurm_nodelist(const std::string& nodelist) {

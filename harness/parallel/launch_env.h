@@ -11,6 +11,7 @@
 //              SLURM_LOCALID, SLURM_NODEID, SLURM_JOB_NUM_NODES or SLURM_NNODES,
 //              SLURM_JOB_NODELIST, SLURM_JOB_ID, SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE.
 //   "single"   none of the above: rank 0 of 1.
+// With every launcher, GLOO_SOCKET_IFNAME (one interface name) sets LaunchEnv::interface.
 //
 // Slurm (BR-20): MASTER_ADDR in the environment is ignored; the rendezvous host is the first host
 // of the expanded SLURM_JOB_NODELIST, and global rank 0 must run there. The port is MASTER_PORT
@@ -43,6 +44,10 @@ struct LaunchEnv {
   std::string job_id;                     // SLURM_JOB_ID / TORCHELASTIC_RUN_ID / OPTCC_JOB_ID; may be empty
   std::vector<std::string> hosts;         // the job's node list when the launcher gives one (Slurm);
                                           // empty otherwise. hosts[node_rank] is this rank's node.
+  std::string interface;                  // network interface the process groups listen on, from
+                                          // GLOO_SOCKET_IFNAME (any launcher; PyTorch's name for it)
+                                          // or parallel.interface; "" = the one routed to master_addr
+  std::string interface_source;           // where `interface` came from, for error messages
 
   static constexpr int kDefaultMasterPort = 29500;  // "local" without MASTER_PORT, and "single"
 };
@@ -54,6 +59,9 @@ using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
 EnvLookup process_env();
 /// gethostname(), or "" when it fails.
 std::string this_hostname();
+
+/// parallel.interface (`config_value`), when set, wins over GLOO_SOCKET_IFNAME: e.interface.
+void use_interface(LaunchEnv& e, const std::string& config_value);
 
 /// Reads the launcher's variables as described at the top of this file. `hostname` is this
 /// machine's name; it is compared with the Slurm node list for rank 0 (names compared up to the

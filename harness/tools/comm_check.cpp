@@ -24,7 +24,8 @@ void check_group(Communicator* comm, const char* kind, int rank) {
 }  // namespace
 
 int run_comm_check(const Config& cfg, const CommCheckOptions& options) {
-  const LaunchEnv env = detect_launch_env(process_env(), this_hostname());
+  LaunchEnv env = detect_launch_env(process_env(), this_hostname());
+  use_interface(env, cfg.parallel.interface);
   const ParallelDims dims{static_cast<int>(cfg.parallel.tp), static_cast<int>(cfg.parallel.pp),
                           static_cast<int>(cfg.parallel.dp)};
   const int per_node = cfg.parallel.ranks_per_node > 0 ? static_cast<int>(cfg.parallel.ranks_per_node)

@@ -69,7 +69,9 @@ void setup_network(Distributed& d, const Config& cfg, std::shared_ptr<NicTable> 
   d.network.reset();
   if (!n.emulate && n.skip.empty()) return;  // off: nothing is constructed
   if (n.emulate) {
-    const std::set<std::string> hosts(d.hosts.begin(), d.hosts.end());
+    // Hosts are told apart by address (distributed.h): two hosts may share a hostname.
+    std::set<std::string> hosts;
+    for (size_t r = 0; r < d.addresses.size(); ++r) hosts.insert(fmt::format("{} ({})", d.hosts.at(r), d.addresses[r]));
     if (hosts.size() > 1) {
       throw ConfigError(fmt::format(
           "config error: network.emulate = true: the {} ranks run on {} hosts ({}). Link emulation models a "

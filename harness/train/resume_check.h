@@ -11,7 +11,8 @@
 //                            train_steps - warmup_steps for 0)
 //   train.eval_interval, train.eval_iters, train.threads
 //   log.*, checkpoint.*      where and what is recorded
-//   parallel.timeout_seconds, parallel.ranks_per_node (labels), parallel.device, parallel.backend
+//   parallel.timeout_seconds, parallel.ranks_per_node (labels), parallel.interface, parallel.device,
+//   parallel.backend
 //                            (a GPU checkpoint resumes on CPU ranks and back; checkpoint.h)
 //   network.* except network.skip   link emulation changes time, not values
 //   data.dir                 the sample-index cache

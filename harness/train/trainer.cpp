@@ -137,7 +137,8 @@ int64_t threads_for(const Config& cfg, int64_t local_ranks) {
 }
 
 TrainSummary run_training(Config cfg, const TrainOptions& options) {
-  const LaunchEnv env = detect_launch_env(process_env(), this_hostname());
+  LaunchEnv env = detect_launch_env(process_env(), this_hostname());
+  use_interface(env, cfg.parallel.interface);
   const ParallelDims dims{static_cast<int>(cfg.parallel.tp), static_cast<int>(cfg.parallel.pp),
                           static_cast<int>(cfg.parallel.dp)};
   cfg.validate_layout(env.world_size);
@@ -520,6 +521,9 @@ void Trainer::log_start() const {
                cfg_.model.vocab_size, cfg_.padded_vocab_size(), cfg_.parallel.tp, cfg_.parallel.pp, cfg_.parallel.dp,
                stage_layers_text(cfg_));
   if (d_.env.world_size > 1) spdlog::info("ranks ({} launcher):\n{}", d_.env.source, rank_table(d_));
+  if (const std::string shared = shared_hostnames(d_); !shared.empty()) {
+    spdlog::warn("hosts with different addresses share a hostname: {}; the nodes are told apart by address", shared);
+  }
   if (!d_.placement.decided.empty()) spdlog::info("placement (rank 0): {}", d_.placement.decided);
   // The model's GEMMs and the compressors' thin ones, as this process runs them (kernels/gemm.h, thin_gemm.h).
   const bool fp32 = cfg_.train.precision == "fp32";

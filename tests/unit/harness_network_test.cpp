@@ -157,8 +157,12 @@ TEST(NetworkSetup, RefusesEmulationAcrossHosts) {
   apply_network_profile(cfg.network, "paper-a100-ib200");
   testing::run_layout({1, 2, 1}, [&](int rank, Distributed& d) {
     d.hosts = {"node-a", "node-b"};  // as a two-node Slurm job reports them
+    d.addresses = {"198.18.0.1", "198.18.0.2"};
     EXPECT_THAT(error_of([&] { setup_network(d, cfg); }),
-                AllOf(HasSubstr("network.emulate = true"), HasSubstr("2 hosts (node-a, node-b)"), HasSubstr("Fix:")));
+                AllOf(HasSubstr("network.emulate = true"),
+                      HasSubstr("2 hosts (node-a (198.18.0.1), node-b (198.18.0.2))"), HasSubstr("Fix:")));
+    d.hosts = {"node", "node"};  // two hosts that share a hostname are still two hosts
+    EXPECT_THAT(error_of([&] { setup_network(d, cfg); }), HasSubstr("2 hosts (node (198.18.0.1), node (198.18.0.2))"));
     EXPECT_EQ(d.network, nullptr);
   });
 }

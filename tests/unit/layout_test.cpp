@@ -319,6 +319,24 @@ TEST(LaunchEnv, SlurmOtherBrokenRules) {
   EXPECT_THAT(launch_error(v, "gpu01"), HasSubstr("SLURM_JOB_ID is not set"));
 }
 
+TEST(LaunchEnv, GlooSocketIfnameNamesTheInterfaceUnderEveryLauncherAndTheConfigWins) {
+  Vars v = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29400"}};
+  EXPECT_EQ(detect_launch_env(lookup(v), "").interface, "");
+  v["GLOO_SOCKET_IFNAME"] = "ib0";
+  LaunchEnv e = detect_launch_env(lookup(v), "");
+  EXPECT_EQ(e.interface, "ib0");
+  EXPECT_EQ(e.interface_source, "GLOO_SOCKET_IFNAME");
+  use_interface(e, "");  // parallel.interface unset: the environment's stands
+  EXPECT_EQ(e.interface, "ib0");
+  use_interface(e, "eth1");
+  EXPECT_EQ(e.interface, "eth1");
+  EXPECT_EQ(e.interface_source, "parallel.interface");
+  Vars slurm = slurm_vars(4);
+  slurm["GLOO_SOCKET_IFNAME"] = "e0";
+  EXPECT_EQ(detect_launch_env(lookup(slurm), "gpu02").interface, "e0");
+  EXPECT_EQ(detect_launch_env(lookup({{"GLOO_SOCKET_IFNAME", "e0"}}), "").interface, "e0");  // one rank
+}
+
 TEST(LaunchEnv, Torchrun) {
   Vars v = {{"RANK", "5"},        {"WORLD_SIZE", "8"},      {"LOCAL_RANK", "1"},        {"LOCAL_WORLD_SIZE", "4"},
             {"GROUP_RANK", "1"},  {"MASTER_ADDR", "node0"}, {"MASTER_PORT", "29400"}, {"SLURM_PROCID", "0"}};
