@@ -146,19 +146,22 @@ class StopSignalTest(unittest.TestCase):
                 thread.join()
         self.assertEqual(signal.getsignal(signal.SIGUSR1), signal.SIG_DFL)  # put back
 
-    def run_stoppable(self, env):
-        """slurm/stoppable around a child that exits 75 on SIGUSR1; SIGUSR1 to stoppable once the child
-        says its handler is in place (a loaded machine may take seconds to start it)."""
+    def run_stoppable(self, env, sig=None):
+        """slurm/stoppable around a child that exits 75 on SIGUSR1 or SIGTERM (as optcc train does);
+        `sig` (default SIGUSR1) to stoppable once the child says its handler is in place (a loaded
+        machine may take seconds to start it)."""
         import signal
+        sig = sig or signal.SIGUSR1
         child = [sys.executable, "-c", "import signal, sys, time\n"
                  "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(75))\n"
+                 "signal.signal(signal.SIGTERM, lambda *a: sys.exit(75))\n"
                  "print('ready', flush=True)\n"
                  "time.sleep(60)\nsys.exit(3)"]
         p = subprocess.Popen([os.path.join(REPO, "slurm", "stoppable"), *child], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
         first = p.stdout.readline()
         self.assertEqual(first.strip(), "ready")
-        p.send_signal(signal.SIGUSR1)
+        p.send_signal(sig)
         out, _ = p.communicate(timeout=60)
         return p.returncode, first + out
 
@@ -174,6 +177,13 @@ class StopSignalTest(unittest.TestCase):
             self.assertIn("requeueing job 4711", out)
             with open(log) as f:
                 self.assertEqual(f.read().split(), ["requeue", "4711"])
+            # SIGTERM (scancel): the same checkpoint and exit code, but the job stays cancelled.
+            import signal
+            code, out = self.run_stoppable(env, signal.SIGTERM)
+            self.assertEqual(code, 75, out)
+            self.assertIn("the job is not requeued. To resume it: scontrol requeue 4711", out)
+            with open(log) as f:
+                self.assertEqual(f.read().split(), ["requeue", "4711"], "a cancelled job was requeued")
             env.pop("SLURM_JOB_ID")
             # The child may end, and bash reap it, before stoppable looks again after its trap ran (a
             # loaded machine: stoppable returned 138, the signal's code, instead of the child's 75).

@@ -239,7 +239,7 @@ std::unique_ptr<Distributed> init_distributed(const ParallelDims& dims, int rank
                                               std::chrono::milliseconds timeout,
                                               c10::intrusive_ptr<c10d::Store> store, Placement placement) {
   dims.validate(env.world_size);
-  auto d = std::unique_ptr<Distributed>(new Distributed{env, RankLayout(dims, ranks_per_node), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}});
+  auto d = std::unique_ptr<Distributed>(new Distributed{env, RankLayout(dims, ranks_per_node), {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}});
   d->placement = std::move(placement);
   c10d::TCPStoreOptions opts;
   use_classic_tcpstore(opts);  // compat/torch_compat.h: LibTorch 2.x's libuv default

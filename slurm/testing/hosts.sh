@@ -17,7 +17,8 @@
 # Every host resolves every host's name: /etc/netns/<prefix>-h<I>/hosts, which `ip netns exec` (and
 # so `exec`) shows its processes as /etc/hosts.
 # Addresses come only from 198.18.0.0/15, the block set aside for network benchmarks (RFC 2544), so
-# no real network is shadowed; the bridge has no address and no route leaves the hosts.
+# no real network is shadowed. The bridge has 198.18.0.254, so this (the root) namespace reaches the
+# hosts (e.g. Slurm's client commands reach a controller on host 1); the hosts have no route out.
 #
 # Shaping, per host, both directions, at the same --rate (a NIC's line rate) and --delay (one way):
 #   what the host sends:     on e0 (inside the host)
@@ -144,6 +145,7 @@ cmd_up() {
   if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
     ip link add "$BRIDGE" type bridge
   fi
+  ip addr replace "$NET.254/24" dev "$BRIDGE"
   ip link set "$BRIDGE" up
   local i ns
   for i in $(seq 1 "$n"); do
@@ -192,7 +194,18 @@ cmd_exec() {
   ip netns list | awk '{print $1}' | grep -qx "$(ns_of "$i")" ||
     die "exec $i: there is no host $i ($(ns_of "$i")); hosts now: $(hosts_now | tr '\n' ' '). Fix: hosts.sh up N first"
   # A UTS namespace of its own: the host's processes see its hostname (gethostname, Slurm's node name).
-  exec ip netns exec "$(ns_of "$i")" unshare --uts -- /bin/sh -c 'hostname "$0" && exec "$@"' "$(ns_of "$i")" "$@"
+  # `ip netns exec` mounts the namespace's own /sys, without the machine's cgroup hierarchies under
+  # /sys/fs/cgroup: mount the same ones again there (in the private mount namespace it made; a
+  # cgroup hierarchy can be mounted more than once), as slurmd's cgroup plugin reads them.
+  local cgroups
+  cgroups=$(awk '$2 == "/sys/fs/cgroup" && $3 == "cgroup2" { print "mount -t cgroup2 cgroup2 /sys/fs/cgroup;" }
+    $2 == "/sys/fs/cgroup" && $3 == "tmpfs" { print "mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup;" }
+    $2 ~ "^/sys/fs/cgroup/" && ($3 == "cgroup" || $3 == "cgroup2") {
+      o = $4; gsub(/(^|,)(rw|ro|relatime|nosuid|nodev|noexec)/, "", o); sub(/^,/, "", o)
+      print "mkdir -p " $2 "; mount -t " $3 (o == "" ? "" : " -o " o) " " $3 " " $2 ";" }' /proc/self/mounts)
+  exec ip netns exec "$(ns_of "$i")" env OPTCC_HOST_CGROUPS="$cgroups" unshare --uts -- /bin/sh -c \
+    'hostname "$0" && { [ -n "$(ls -A /sys/fs/cgroup 2>/dev/null)" ] || eval "$OPTCC_HOST_CGROUPS"; } && unset OPTCC_HOST_CGROUPS && exec "$@"' \
+    "$(ns_of "$i")" "$@"
 }
 
 cmd_list() {

@@ -19,14 +19,15 @@ wait_gone() {
   return 1
 }
 
-if [ -n "$(daemon_pid slurmctld)" ] && [ -n "$(daemon_pid slurmd)" ]; then
+if [ -n "$(daemon_pid slurmctld)" ] && [ -n "$(daemon_pid "${DAEMONS[2]}")" ]; then
   scancel --full --quiet --partition=test 2>/dev/null || true
   for ((i = 0; i < 30; i++)); do  # let slurmd end the jobs' steps before it goes
     [ -z "$(squeue --noheader --states=RUNNING,COMPLETING 2>/dev/null)" ] && break
     sleep 1
   done
 fi
-for d in slurmd slurmctld munged; do  # the reverse of the start order
+for ((k = ${#DAEMONS[@]} - 1; k >= 0; k--)); do  # the reverse of the start order
+  d=${DAEMONS[$k]}
   pid=$(daemon_pid "$d")
   [ -n "$pid" ] || continue
   kill -TERM "$pid"
@@ -39,7 +40,7 @@ for d in slurmd slurmctld munged; do  # the reverse of the start order
 done
 if [ "$keep" -eq 0 ]; then
   # Only what start.sh made: OPTCC_SLURM_DIR may name a directory that holds other things.
-  rm -rf "$SLURM_DIR"/{munge,run,log,state,spool} "$SLURM_CONF" "$SLURM_DIR/env.sh"
+  rm -rf "$SLURM_DIR"/{munge,run,log,state,spool} "$SLURM_DIR"/spool-* "$SLURM_CONF" "$SLURM_DIR/env.sh"
   rmdir "$SLURM_DIR" 2>/dev/null || true
 else
   echo "stop.sh: kept $SLURM_DIR"
