@@ -53,6 +53,8 @@ debian13_bind() {  # debian13_bind SRC DST-inside-root [ro]
 debian13_enter() {
   debian13_make_root
   cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
+  # debootstrap's minbase root has no /etc/hosts, so "localhost" would go to DNS (tests resolve it).
+  [ -s "$ROOT/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$ROOT/etc/hosts"
   trap debian13_unmount EXIT
   trap 'exit 130' INT TERM
   mkdir -p "$ROOT/proc" "$ROOT/sys"
