@@ -315,7 +315,7 @@ TEST(ActCodec, DecodeReusesItsOutputOnlyWhenNothingElseHoldsIt) {
 
 // --- every codec: never worse than sending nothing ---------------------------------------------
 
-// Messages of 100 tokens × 48 (the width) that low-rank and quantising codecs find hard.
+// Messages of 100 tokens × 48 (a small model's width) that low-rank and quantising codecs find hard.
 // Each kind is a function of a seed, so the sequence test can vary them.
 torch::Tensor message(const std::string& kind, uint64_t seed) {
   const int64_t rows = 100, cols = 48;

@@ -26,7 +26,7 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::ThrowsMessage;
 
-constexpr double kLossTol = 1e-5;  // the bar; measured differences are printed
+constexpr double kLossTol = 1e-5;  // parity bar across a save and load; measured differences are printed
 
 // A SentencePiece-style .vocab for ids [0, vocab): <unk>, </s>, then words "▁wN" (even N) and
 // continuation pieces "pN" (odd N).
