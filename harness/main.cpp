@@ -115,7 +115,7 @@ struct Cli {
   std::string resume;
   bool allow_config_change = false;
   int nproc = 1;
-  LaunchNodes nodes;          // --nnodes, --node-rank, --master: one launcher per host
+  LaunchNodes nodes{1, -1, "", 0};  // --nnodes, --node-rank (-1: not given), --master: one launcher per host
   std::string master;         // --master HOST:PORT as typed
   CLI::App* data = nullptr;
   std::string data_action;
@@ -428,11 +428,16 @@ LaunchNodes launch_nodes(const Cli& c) {
                                 what, rule));
   };
   if (n.nnodes < 1) throw usage(fmt::format("--nnodes {}", n.nnodes), "must be at least 1");
+  if (n.nnodes > 1 && n.node_rank == -1) {
+    throw usage(fmt::format("--nnodes {}", n.nnodes), "needs --node-rank: each host's launcher must say which it is");
+  }
+  if (n.nnodes == 1 && n.node_rank == -1) n.node_rank = 0;
   if (n.node_rank < 0 || n.node_rank >= n.nnodes) {
     throw usage(fmt::format("--node-rank {}", n.node_rank), fmt::format("must be from 0 to --nnodes - 1 = {}", n.nnodes - 1));
   }
   if (n.nnodes == 1) {
     if (!c.master.empty()) throw usage("--master " + c.master, "is for runs of several hosts (--nnodes > 1)");
+    if (n.node_rank != 0) throw usage(fmt::format("--node-rank {}", n.node_rank), "is for runs of several hosts (--nnodes > 1)");
     return n;
   }
   const size_t colon = c.master.rfind(':');
@@ -463,6 +468,9 @@ int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
     return run_calibrate_command(cfg, c.calibrate_opts);
   }
   const bool is_launcher = (c.nproc > 1 || c.nodes.nnodes > 1) && std::getenv("OPTCC_RANK") == nullptr;
+  if ((c.train->parsed() || c.comm_check->parsed()) && std::getenv("OPTCC_RANK") == nullptr) {
+    launch_nodes(c);  // --nnodes / --node-rank / --master refused before any work
+  }
   if (c.train->parsed() && std::getenv("OPTCC_RANK") == nullptr) {  // once, before any rank starts
     check_run_inputs(cfg, train_options(c, cfg, argc, argv), prepare_command(c));
   }

@@ -204,6 +204,14 @@ std::string listen_address(const LaunchEnv& env) {
                                 "parallel.interface (or GLOO_SOCKET_IFNAME)",
                                 env.rank, this_hostname(), env.master_addr, master, std::strerror(err)));
   }
+  if (address.rfind("127.", 0) == 0 && env.num_nodes > 1) {
+    throw CommError(fmt::format(
+        "rank {}: MASTER_ADDR {} is {} on this host ({}), a loopback address (Debian's /etc/hosts maps a host's own "
+        "name to 127.0.1.1), but the job spans {} nodes: this rank's groups would listen where no other host can "
+        "reach them. Fix: set parallel.interface (or GLOO_SOCKET_IFNAME) to the interface the other hosts reach "
+        "(e.g. eth0, ib0), or give MASTER_ADDR as that interface's address",
+        env.rank, env.master_addr, master, this_hostname(), env.num_nodes));
+  }
   return address;
 }
 
@@ -212,6 +220,13 @@ std::string node_mismatch(const RankLayout& layout, const std::vector<std::strin
   const std::set<std::string> distinct(addresses.begin(), addresses.end());
   if (distinct.size() <= 1) return "";
   auto host = [&](int r) { return fmt::format("{} ({})", hostnames.at(r), addresses.at(r)); };
+  for (int r = 0; r < static_cast<int>(addresses.size()); ++r) {
+    if (addresses[r].rfind("127.", 0) != 0) continue;
+    return fmt::format("rank {} listens on a loopback address, {}, but the ranks run on {} hosts: no other host can "
+                       "reach it. Fix: set parallel.interface (or GLOO_SOCKET_IFNAME) to the interface the hosts "
+                       "reach each other on (e.g. eth0, ib0)",
+                       r, host(r), distinct.size());
+  }
   std::map<std::string, std::vector<int>> ranks_of;
   for (int r = 0; r < static_cast<int>(addresses.size()); ++r) ranks_of[addresses[r]].push_back(r);
   std::vector<std::string> real;

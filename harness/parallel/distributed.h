@@ -37,13 +37,16 @@ struct Distributed {
 /// env.interface set (GLOO_SOCKET_IFNAME or parallel.interface): that interface's first IPv4
 /// address. Else the local end of the route to env.master_addr: 127.0.0.1 when the master is this
 /// machine's loopback (one host), else the address of the interface that reaches it, so a hostname
-/// that resolves to a loopback address (Debian's /etc/hosts: 127.0.1.1) does not matter.
+/// that resolves to a loopback address (Debian's /etc/hosts: 127.0.1.1) on the other hosts does not
+/// matter; on rank 0's own host it would give a loopback address, which is refused when the job
+/// spans more than one node (env.num_nodes > 1), naming parallel.interface as the fix.
 /// Throws CommError naming the interface and the ones this host has, or the master address that
 /// does not resolve or has no route.
 std::string listen_address(const LaunchEnv& env);
 
 /// Why the layout's nodes are not the real hosts, or "" when they are. Hosts are told apart by
-/// address. One address for every rank is one machine: ranks_per_node then only labels emulated
+/// address; across hosts no rank may listen on a loopback address. One address for every rank is
+/// one machine: ranks_per_node then only labels emulated
 /// nodes and any value goes. Across hosts, ranks r and s must share an address exactly when
 /// layout.node_of(r) == layout.node_of(s) (TP inside a host, PP and DP across, as the layout and
 /// the traffic records assume). `hostnames` name the hosts in the message.

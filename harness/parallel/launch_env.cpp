@@ -283,7 +283,7 @@ LaunchEnv detect_launch_env(const EnvLookup& env, const std::string& hostname) {
   else if (env("RANK") || env("WORLD_SIZE")) e = from_torchrun(Reader(env, "torchrun"));
   else if (env("SLURM_PROCID")) e = from_slurm(Reader(env, "slurm"), hostname);
   if (const auto ifname = env("GLOO_SOCKET_IFNAME"); ifname && !ifname->empty()) {
-    e.interface = *ifname;
+    e.interface = ifname->substr(0, ifname->find(','));  // PyTorch takes a list: the first one here
     e.interface_source = "GLOO_SOCKET_IFNAME";
   }
   return e;

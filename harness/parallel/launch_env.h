@@ -11,7 +11,8 @@
 //              SLURM_LOCALID, SLURM_NODEID, SLURM_JOB_NUM_NODES or SLURM_NNODES,
 //              SLURM_JOB_NODELIST, SLURM_JOB_ID, SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE.
 //   "single"   none of the above: rank 0 of 1.
-// With every launcher, GLOO_SOCKET_IFNAME (one interface name) sets LaunchEnv::interface.
+// With every launcher, GLOO_SOCKET_IFNAME sets LaunchEnv::interface (of a list "eth0,eth1", the
+// first: optcc's groups listen on one interface).
 //
 // Slurm (BR-20): MASTER_ADDR in the environment is ignored; the rendezvous host is the first host
 // of the expanded SLURM_JOB_NODELIST, and global rank 0 must run there. The port is MASTER_PORT

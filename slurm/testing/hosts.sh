@@ -172,6 +172,8 @@ cmd_up() {
 
 remove_host() {
   local i=$1
+  # Processes still in the host would outlive its namespace (ranks, slurmd): they go first.
+  ip netns pids "$(ns_of "$i")" 2>/dev/null | xargs -r kill -KILL 2>/dev/null || true
   ip link del "$(peer_of "$i")" 2>/dev/null || true  # takes e0 (its other end) with it
   ip netns del "$(ns_of "$i")" 2>/dev/null || true
   rm -rf "/etc/netns/$(ns_of "$i")"
@@ -268,7 +270,15 @@ PY
   ip netns exec "$(ns_of 1)" "$py" - "$(addr_of 2)" "$port" "$mbytes" <<'PY'
 import socket, sys
 addr, port, mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-c = socket.create_connection((addr, port), timeout=60)
+import time
+for attempt in range(100):  # the server may still be starting (a loaded machine)
+    try:
+        c = socket.create_connection((addr, port), timeout=60)
+        break
+    except ConnectionRefusedError:
+        time.sleep(0.1)
+else:
+    sys.exit("hosts.sh check: host 2's receiver did not listen within 10 s")
 chunk = b"\0" * (1 << 20)
 left = mb * 1000000
 while left > 0:
@@ -277,9 +287,10 @@ c.close()
 PY
   wait "$server"
   after=$(qdisc_counts)
-  local got secs
-  read -r got secs <"$out"
+  local got= secs=
+  read -r got secs <"$out" || true
   rm -f "$out"
+  [ -n "$secs" ] || die "check: host 2 received nothing (its receiver printed no result)"
   local drops=$(( ${after% *} - ${before% *} ))
   awk -v got="$got" -v s="$secs" -v want="$declared" -v drops="$drops" -v rate="$rate" 'BEGIN {
     r = got * 8 / s; ratio = r / want

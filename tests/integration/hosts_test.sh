@@ -34,12 +34,13 @@ if ! ip netns add "$probe" 2>/dev/null; then echo "skipped: cannot make a networ
 ip netns del "$probe"
 [ -x "$OPTCC" ] || { echo "FAIL: OPTCC=$OPTCC is not an executable (build it first)" >&2; exit 1; }
 
-# Names of their own (15 characters at most for links: oh<pid>-h1v), so a hand-made host set stays.
+# Names of their own (15 characters at most for links: oh<pid>-h1v): a hand-made host set's
+# namespaces and links are left alone.
 export OPTCC_HOSTS_PREFIX="oh$(( $$ % 100000 ))"
 tmp=$(mktemp -d /tmp/optcc-hosts-test.XXXXXX)
 finish() {
   local code=$?
-  pkill -f -- "--config $tmp/" 2>/dev/null || true  # ranks of a failed step, if any
+  pkill -KILL -f -- "--config $tmp/" 2>/dev/null || true  # ranks of a failed step, if any
   bash "$hosts" down >/dev/null || echo "hosts.sh down failed" >&2
   local left
   left=$(ip netns list | awk '{print $1}' | grep "^$OPTCC_HOSTS_PREFIX-" || true)
@@ -158,6 +159,11 @@ wait "$pid1" || code1=$?
 took=$((SECONDS - t))
 [ "$code0" -ne 0 ] && [ "$code1" -ne 0 ] || fail "after the cut the launchers exited $code0 and $code1"
 [ "$took" -le 40 ] || fail "the ranks took $took s to end after the cut (timeout 10 s)"
+for k in 0 1; do  # each host's ranks name the group, the operation and the ranks on the other host
+  grep -q "(group .*failed after at most 10000 ms" "$tmp/cut-$k.log" || fail "host $((k + 1))'s error names no group"
+  grep -q "across hosts: ranks\? [0-9,]* on $OPTCC_HOSTS_PREFIX-h$((2 - k)) (198.18.0.$((2 - k)))" "$tmp/cut-$k.log" ||
+    { cat "$tmp/cut-$k.log" >&2; fail "host $((k + 1))'s error does not name the ranks on the other host"; }
+done
 echo "ok: both hosts' launchers ended in $took s (exit $code0, $code1); first errors:"
 grep -h -m2 "error" "$tmp/cut-0.log" "$tmp/cut-1.log" | cut -c1-300
 latest=$(head -n1 "$tmp/cut/ckpt/r/latest")

@@ -33,6 +33,17 @@ TEST(ListenAddress, LoopbackMasterListensOnLoopback) {
   EXPECT_EQ(listen_address(env), "127.0.0.1");
 }
 
+TEST(ListenAddress, LoopbackIsRefusedWhenTheJobSpansNodes) {
+  LaunchEnv env;
+  env.world_size = 4;
+  env.num_nodes = 2;
+  env.master_addr = "127.0.0.1";  // as on rank 0's host when its name resolves to 127.0.1.1
+  EXPECT_THAT(listen_error(env), AllOf(HasSubstr("a loopback address"), HasSubstr("the job spans 2 nodes"),
+                                       HasSubstr("Fix: set parallel.interface")));
+  env.interface = "lo";  // named by the user: taken as given
+  EXPECT_EQ(listen_address(env), "127.0.0.1");
+}
+
 TEST(ListenAddress, NamedInterfaceGivesItsAddressOrAnErrorListingTheInterfaces) {
   LaunchEnv env;
   env.world_size = 2;
@@ -84,6 +95,13 @@ TEST(NodeMismatch, NodesMustBeTheHostsAcrossHosts) {
   for (int r = 0; r < 8; ++r) round_robin.push_back(r % 2 ? "198.18.0.2" : "198.18.0.1");
   EXPECT_THAT(node_mismatch(RankLayout({2, 2, 2}, 4), round_robin, std::vector<std::string>(8, "node")),
               HasSubstr("ranks 0 and 1 are on node 0 but on node (198.18.0.1) and node (198.18.0.2)"));
+}
+
+TEST(NodeMismatch, NoRankMayListenOnLoopbackAcrossHosts) {
+  const std::vector<std::string> addresses = {"127.0.0.1", "127.0.0.1", "198.18.0.2", "198.18.0.2"};
+  EXPECT_THAT(node_mismatch(RankLayout({2, 1, 2}, 2), addresses, {"h1", "h1", "h2", "h2"}),
+              AllOf(HasSubstr("rank 0 listens on a loopback address, h1 (127.0.0.1), but the ranks run on 2 hosts"),
+                    HasSubstr("Fix: set parallel.interface")));
 }
 
 TEST(NodeMismatch, HostsSharingAHostnameAreToldApartByAddress) {

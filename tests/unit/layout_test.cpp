@@ -335,6 +335,7 @@ TEST(LaunchEnv, GlooSocketIfnameNamesTheInterfaceUnderEveryLauncherAndTheConfigW
   slurm["GLOO_SOCKET_IFNAME"] = "e0";
   EXPECT_EQ(detect_launch_env(lookup(slurm), "gpu02").interface, "e0");
   EXPECT_EQ(detect_launch_env(lookup({{"GLOO_SOCKET_IFNAME", "e0"}}), "").interface, "e0");  // one rank
+  EXPECT_EQ(detect_launch_env(lookup({{"GLOO_SOCKET_IFNAME", "ib0,eth0"}}), "").interface, "ib0");  // a list
 }
 
 TEST(LaunchEnv, Torchrun) {
