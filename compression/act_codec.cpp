@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <map>
 #include <set>
 #include <stdexcept>
 
@@ -159,6 +160,22 @@ class OptionReader {
   YAML::Node node_;
 };
 
+// The message sizes each codec reads from the model unless its options set them (act_codec_options).
+void fill_size(YAML::Node& o, const char* key, int64_t value) {
+  if (!o[key]) o[key] = value;
+}
+
+void lowrank_sizes(YAML::Node& o, const MessageShape& m) {
+  const std::string view = o["view"] ? o["view"].as<std::string>() : "token_major";
+  fill_size(o, "hidden", m.hidden);
+  if (view == "reference") {
+    fill_size(o, "seq_len", m.seq_len);
+    fill_size(o, "micro_batch", m.micro_batch);
+  }
+}
+
+void quant_sizes(YAML::Node& o, const MessageShape& m) { fill_size(o, "hidden", m.hidden); }
+
 std::unique_ptr<ActCodec> make_lowrank(const YAML::Node& options) {
   OptionReader o("lowrank", options,
                  {"rank", "view", "hidden", "seq_len", "micro_batch", "seed", "orthogonalize"});
@@ -240,6 +257,16 @@ void register_builtin_act_codecs(Registry<ActCodec>& registry) {
                  });
   }
   registry.add("topk", "the k largest entries and their int64 indices (options: fraction or count)", make_topk);
+}
+
+YAML::Node act_codec_options(const std::string& name, const YAML::Node& options, const MessageShape& shape) {
+  static const std::map<std::string, void (*)(YAML::Node&, const MessageShape&)> sizes = {
+      {"lowrank", lowrank_sizes}, {"int8", quant_sizes}, {"int4", quant_sizes}};
+  if (options && !options.IsNull() && !options.IsMap()) return options;  // make_act_codec() refuses it
+  YAML::Node o = options && options.IsMap() ? YAML::Clone(options) : YAML::Node(YAML::NodeType::Map);
+  const auto it = sizes.find(name);
+  if (it != sizes.end()) it->second(o, shape);
+  return o;
 }
 
 const Registry<ActCodec>& act_codec_registry() {

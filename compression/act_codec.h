@@ -135,6 +135,20 @@ const Registry<ActCodec>& act_codec_registry();
 std::unique_ptr<ActCodec> make_act_codec(const std::string& name,
                                          const YAML::Node& options = YAML::Node());
 
+/// The sizes of a pipeline message as the model makes it: a micro-batch's activations (or their
+/// gradients), [micro_batch, seq_len, hidden] elements, hidden the model's hidden size.
+struct MessageShape {
+  int64_t hidden = 0;
+  int64_t seq_len = 0;
+  int64_t micro_batch = 0;
+};
+/// `options` (a map or null; not modified) plus the sizes codec `name` takes from the message
+/// where the user set none: lowrank takes hidden (view token_major) or seq_len and micro_batch (view
+/// reference); int8 and int4 take hidden; the others take none. Each codec states this next to its
+/// factory, so callers never branch on a codec's name. An unknown `name` returns `options`
+/// unchanged (make_act_codec() then names it).
+YAML::Node act_codec_options(const std::string& name, const YAML::Node& options, const MessageShape& shape);
+
 /// The names make_act_codec() knows, sorted.
 std::vector<std::string> act_codec_names();
 

@@ -79,6 +79,10 @@ class GradReducer {
   /// kept across calls (PowerSGD's warm-start Q). 0 for stateless reducers.
   virtual int64_t error_feedback_bytes() const { return 0; }
   virtual int64_t factor_bytes() const { return 0; }
+  /// Which reconstruction its error-feedback residual subtracts (docs/faults.md BR-05): "averaged"
+  /// (the all-reduced approximation) or "local" (this rank's own); "n/a" for a reducer without that
+  /// choice. Recorded as the results attribute dp_ef_residual.
+  virtual std::string ef_residual() const { return "n/a"; }
 
   /// The traffic class of its collectives: kDataParallel unless set (kEmbedding when the reducer
   /// compresses the tied-embedding synchronisation). Set before the first reduce().

@@ -72,6 +72,7 @@ class PowerSgdReducer : public GradReducer {
   torch::Tensor q(size_t i) const { return i < q_.size() ? q_[i] : torch::Tensor(); }
   int64_t error_feedback_bytes() const override { return state_bytes(ef_); }
   int64_t factor_bytes() const override { return state_bytes(q_); }
+  std::string ef_residual() const override { return opt_.ef_residual; }
   /// Test hook: use `q` [cols, r_eff] as tensor i's Q on its next compressed call (before the
   /// re-orthonormalisation of step 4).
   void set_q(size_t i, torch::Tensor q);

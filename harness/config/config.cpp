@@ -464,22 +464,8 @@ std::string Config::checkpoint_dir() const {
 }
 
 YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec) {
-  YAML::Node o = spec.options && spec.options.IsMap() ? YAML::Clone(spec.options)
-                                                       : YAML::Node(YAML::NodeType::Map);
-  auto fill = [&](const char* key, int64_t value) {
-    if (!o[key]) o[key] = value;
-  };
-  if (spec.name == "lowrank") {
-    fill("hidden", c.model.hidden_size);
-    const std::string view = o["view"] ? o["view"].as<std::string>() : "token_major";
-    if (view == "reference") {
-      fill("seq_len", c.model.seq_len);
-      fill("micro_batch", c.train.micro_batch_size);
-    }
-  } else if (spec.name == "int8" || spec.name == "int4") {
-    fill("hidden", c.model.hidden_size);
-  }
-  return o;
+  return act_codec_options(spec.name, spec.options,
+                           MessageShape{c.model.hidden_size, c.model.seq_len, c.train.micro_batch_size});
 }
 
 int64_t sc_way(const Config& c) { return c.compression.dp_stages.way(c.parallel.pp); }

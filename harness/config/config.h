@@ -329,9 +329,9 @@ std::string to_yaml(const Config& cfg);
 /// A compressor spec as one line of YAML: `powersgd` or `{name: powersgd, rank: 4}`.
 std::string to_yaml_value(const CompressorSpec& spec);
 
-/// The options handed to make_act_codec() for a pipeline codec: the user's, plus the model's
-/// sizes where the codec needs them and the user gave none (lowrank: hidden, and seq_len /
-/// micro_batch for view: reference; int8/int4: hidden).
+/// The options handed to make_act_codec() for a pipeline codec: the user's, plus the model's message
+/// sizes (hidden, seq_len, micro-batch size) where the codec takes them and the user gave none
+/// (act_codec_options() in compression/act_codec.h).
 YAML::Node pipeline_codec_options(const Config& c, const CompressorSpec& spec);
 
 /// SC (docs/design.md §6.5): compression.dp_stages.way(parallel.pp), the number of leading stages

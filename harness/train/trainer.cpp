@@ -501,9 +501,7 @@ std::map<std::string, std::string> Trainer::result_attributes() const {
       to_yaml_value(comp.pipeline_forward), to_yaml_value(comp.pipeline_backward), to_string(comp.backward_phases), to_string(comp.lep),
       to_yaml_value(comp.tp));
   // BR-05: which reconstruction the error-feedback residual subtracts, when the reducer has one.
-  attrs["dp_ef_residual"] = comp.dp.options && comp.dp.options["ef_residual"]
-                                ? comp.dp.options["ef_residual"].as<std::string>()
-                                : (comp.dp.name == "powersgd" ? "averaged" : "n/a");
+  attrs["dp_ef_residual"] = make_dp_reducer(cfg_, /*compresses=*/true)->ef_residual();
   attrs["dp_tensor_names"] = nlohmann::json(all_dp_names_).dump();
   if (!sc_auto_text_.empty()) attrs["sc_auto"] = sc_auto_text_;
   attrs["traffic_classes"] = "0 tp, 1 pp_fwd, 2 pp_bwd, 3 dp, 4 embedding, 5 control; link 0 intra, 1 inter";

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <iostream>
@@ -554,6 +555,34 @@ TEST(ActCodecClone, ClonesEncodeAlikeAndIndependently) {
     ASSERT_EQ(pa.parts.size(), pc.parts.size()) << name;
     for (size_t i = 0; i < pa.parts.size(); ++i) EXPECT_TRUE(torch::equal(pa.parts[i], pc.parts[i])) << name << " " << i;
   }
+}
+
+// act_codec_options: each codec takes from the model only the sizes it reads, and never overrides the user's.
+TEST(ActCodecOptions, FillOnlyTheSizesACodecTakesAndKeepTheUsers) {
+  const MessageShape shape{256, 128, 16};
+  auto keys = [](const YAML::Node& o) {
+    std::vector<std::string> k;
+    for (const auto& kv : o) k.push_back(kv.first.as<std::string>() + "=" + kv.second.as<std::string>());
+    std::sort(k.begin(), k.end());
+    return k;
+  };
+  using V = std::vector<std::string>;
+  EXPECT_EQ(keys(act_codec_options("lowrank", YAML::Load("{rank: 4}"), shape)), (V{"hidden=256", "rank=4"}));
+  EXPECT_EQ(keys(act_codec_options("lowrank", YAML::Load("{view: reference}"), shape)),
+            (V{"hidden=256", "micro_batch=16", "seq_len=128", "view=reference"}));
+  EXPECT_EQ(keys(act_codec_options("int4", YAML::Node(), shape)), (V{"hidden=256"}));
+  EXPECT_EQ(keys(act_codec_options("int8", YAML::Load("{hidden: 64}"), shape)), (V{"hidden=64"}));
+  EXPECT_EQ(keys(act_codec_options("topk", YAML::Load("{fraction: 0.1}"), shape)), (V{"fraction=0.1"}));
+  EXPECT_TRUE(keys(act_codec_options("fp16", YAML::Node(), shape)).empty());
+  // The caller's node is not modified, and what is filled builds the codec.
+  const YAML::Node user = YAML::Load("{rank: 2}");
+  const YAML::Node filled = act_codec_options("lowrank", user, shape);
+  EXPECT_FALSE(user["hidden"]);
+  EXPECT_EQ(make_act_codec("lowrank", filled)->payload_bytes(256 * 10), (10 + 256) * 2 * 4);
+  // Options that are not a map come back as given, and make_act_codec() refuses them.
+  const YAML::Node scalar = YAML::Load("4");
+  EXPECT_TRUE(act_codec_options("lowrank", scalar, shape).IsScalar());
+  EXPECT_THROW(make_act_codec("lowrank", act_codec_options("lowrank", scalar, shape)), std::invalid_argument);
 }
 
 }  // namespace

@@ -122,7 +122,9 @@ TEST_P(CommWorld, Bf16AllReduceSumsInFp32AndSendsBf16) {
     comm->all_reduce(x, Traffic::kTensorParallel);
     EXPECT_EQ(x.scalar_type(), torch::kBFloat16);
     EXPECT_TRUE(torch::equal(x, expect));
-    if (n == 4) EXPECT_EQ(x[0].item<float>(), 260.0f);  // 259 rounded once; a bf16 ring gives 256
+    if (n == 4) {
+      EXPECT_EQ(x[0].item<float>(), 260.0f);  // 259 rounded once; a bf16 ring gives 256
+    }
     const int64_t chunk = (len + n - 1) / n;
     EXPECT_EQ(meter.at(Traffic::kTensorParallel, Link::kInterNode).bytes, 2 * (n - 1) * chunk * 2);
     EXPECT_EQ(meter.at(Traffic::kTensorParallel, Link::kInterNode).calls, n > 1 ? 1 : 0);

@@ -591,5 +591,16 @@ TEST(PowerSgd, Br03SaveLoadContinuesBitIdentically) {
   }
 }
 
+// The results attribute dp_ef_residual comes from the reducer itself: PowerSGD's option, n/a elsewhere.
+TEST(GradReducer, EfResidualIsTheReducersOwnChoice) {
+  Registry<GradReducer> r;
+  register_builtin_grad_reducers(r);
+  EXPECT_EQ(r.create("powersgd")->ef_residual(), "averaged");
+  EXPECT_EQ(r.create("powersgd", YAML::Load("{ef_residual: local}"))->ef_residual(), "local");
+  for (const char* name : {"none", "fp16", "bf16", "topk", "randomk", "qsgd", "signsgd"}) {
+    EXPECT_EQ(r.create(name)->ef_residual(), "n/a") << name;
+  }
+}
+
 }  // namespace
 }  // namespace optcc

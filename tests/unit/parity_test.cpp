@@ -464,7 +464,9 @@ void check_optimus_cc_results(const std::vector<TrainSummary>& out, const Config
     const auto it = detail.find({tot_step[i], tot_rank[i]});
     const int64_t rows = it == detail.end() ? 0 : it->second.first;
     EXPECT_EQ(rows, tot_step[i] >= 2 ? tot_compressed[i] : 0);
-    if (rows > 0) EXPECT_LE(it->second.second, tot_sent[i]);
+    if (rows > 0) {
+      EXPECT_LE(it->second.second, tot_sent[i]);
+    }
   }
   // The projection bounds what the run wrote: every-step rows, the per-tensor rows of a logging step.
   const ResultsProjection proj = project_results(cfg);
