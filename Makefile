@@ -33,6 +33,7 @@ DEMO_RUN := $(basename $(notdir $(CONFIG)))-$(shell date -u +%Y%m%d-%H%M%S)
 demo: data
 	$(OPTCC) train --config $(CONFIG) --nproc $(NPROC) --set log.run_name=$(DEMO_RUN)
 	$(PYTHON) scripts/h5summary.py results/$(DEMO_RUN).h5
+	@du -sh results/ckpt/$(DEMO_RUN) | awk '{print "checkpoints: " $$2 " (" $$1 ", for resuming or optcc eval; delete when done)"}'
 
 # The same model on one rank (the single-process baseline).
 demo-1rank:

@@ -2,7 +2,7 @@
 import numpy as np
 
 import optcc_results as R
-from figures.output import Table, footnote, plt, runs_note
+from figures.output import Table, footnote, plt, runs_note, short
 
 def memory_rows(configs):
     """[(configuration, {component: MiB})]: each component's largest value over the ranks at the
@@ -34,7 +34,7 @@ def memory_outputs(experiment, configs):
     rest = np.array([max(0.0, r[1]["tracked_peak"] - b) for r, b in zip(rows, bottom)])
     ax.bar(range(len(rows)), rest, bottom=bottom, color="0.85", hatch="//", edgecolor="0.6", lw=0,
            label="rest of the tracked peak")
-    ax.set_xticks(range(len(rows)), [r[0].display() for r in rows], rotation=20, ha="right")
+    ax.set_xticks(range(len(rows)), [short(r[0].display()) for r in rows], rotation=20, ha="right")
     ax.set(ylabel="MiB", title=f"{experiment}: tensor memory by component (Fig. 12)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     footnote(fig, runs_note(experiment, [c for c, _ in rows],

@@ -4,6 +4,7 @@ footnote every figure carries: which runs it shows (how many, their seeds) and t
 their folder (results/reference/<experiment>/ABOUT.txt: real runs or a placeholder, and why)."""
 import io
 import os
+import re
 import sys
 import textwrap
 
@@ -57,6 +58,17 @@ def runs_note(experiment, configs, runs_of=lambda c: c.used):
     text += (f", seed{'' if len(seeds) == 1 else 's'} {', '.join(seeds)}" if seeds else ", no seed recorded")
     note = about(runs_folder(runs))
     return text + (f". {note}" if note else "")
+
+
+def short(label, width=30):
+    """A configuration's label for a legend or an axis, wrapped after spaces, commas and opening
+    parentheses so a long one (`cb_fe_sc with dp=powersgd(...)`) does not spill over the next panel."""
+    lines = [""]
+    for piece in re.split(r"(?<=[ ,(])", label):
+        if lines[-1] and len(lines[-1]) + len(piece) > width:
+            lines.append("")
+        lines[-1] += piece
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def footnote(fig, text):

@@ -7,7 +7,7 @@ import numpy as np
 
 import optcc_results as R
 from figures.configs import band, final_stats, mb_per_step, paired_eval_difference, paired_loss_differences, speed
-from figures.output import Table, footnote, plt, pm, runs_note
+from figures.output import Table, footnote, plt, pm, runs_note, short
 
 def summary_table(experiment, configs, ref, why):
     ref_time = speed(ref)[0]
@@ -49,7 +49,7 @@ def draw(ax, configs, table, column, reduce=None):
             b = band(c.complete, table, column, reduce)
             if b is not None:
                 s, m, sd = b
-                ax.plot(s, m, color=color, lw=1.2, label=f"{c.label} (n={len(c.complete)})")
+                ax.plot(s, m, color=color, lw=1.2, label=short(f"{c.label} (n={len(c.complete)})"))
                 if len(c.complete) > 1:
                     ax.fill_between(s, m - sd, m + sd, color=color, alpha=0.2, lw=0)
                 drawn = True
@@ -57,7 +57,7 @@ def draw(ax, configs, table, column, reduce=None):
             b = band([r], table, column, reduce)
             if b is not None:
                 ax.plot(b[0], b[1], color=color, lw=1.0, ls="--",
-                        label=f"{c.label} seed {r.seed} (partial, step {r.last_step}/{r.train_steps})")
+                        label=short(f"{c.label} seed {r.seed} (partial, step {r.last_step}/{r.train_steps})"))
                 ax.plot(b[0][-1:], b[1][-1:], color=color, marker="x")
                 drawn = True
     return drawn
@@ -90,7 +90,7 @@ def curves_figure(experiment, configs, ref):
         d = paired_eval_difference(cf, ref) if cf is not ref else None
         if d is not None:
             c.plot(d[0], d[1], color=cf.color, lw=1.2, ls="--" if cf.is_partial else "-",
-                   label=f"{cf.display()} (n={d[3]})")
+                   label=short(f"{cf.display()} (n={d[3]})"))
             if d[3] > 1:
                 c.fill_between(d[0], d[1] - d[2], d[1] + d[2], color=cf.color, alpha=0.2, lw=0)
     c.axhline(0, color=ref.color, lw=1.0)
@@ -121,7 +121,7 @@ def pareto_figure(experiment, configs):
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for x, y, e, c in pts:
         ax.errorbar([x], [y], yerr=[e], fmt="o", mfc="none" if c.is_partial else None, color=c.color,
-                    capsize=3, label=c.display())
+                    capsize=3, label=short(c.display()))
     front, best = [], math.inf
     for x, y, _, _ in sorted(pts, key=lambda p: (p[0], p[1])):
         if y < best:

@@ -2,7 +2,7 @@
 import numpy as np
 
 import emulation_table
-from figures.output import Table, footnote, plt, runs_note
+from figures.output import Table, footnote, plt, runs_note, short
 
 def breakdown_outputs(experiment, configs, ref):
     rows = []
@@ -20,7 +20,7 @@ def breakdown_outputs(experiment, configs, ref):
         v = np.array([m[f"{k}_ms"] for _, m in rows])
         ax.barh(range(len(rows)), v, left=left, color=f"C{j}", label=k)
         left += v
-    ax.set_yticks(range(len(rows)), [c.display() for c, _ in rows])
+    ax.set_yticks(range(len(rows)), [short(c.display()) for c, _ in rows])
     ax.invert_yaxis()
     ax.set(xlabel="ms per step on the critical-path rank", title=f"{experiment}: time breakdown (Fig. 10)")
     ax.legend(ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25))
