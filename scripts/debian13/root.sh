@@ -55,6 +55,19 @@ debian13_enter() {
   cp /etc/resolv.conf "$ROOT/etc/resolv.conf" 2>/dev/null || true
   # debootstrap's minbase root has no /etc/hosts, so "localhost" would go to DNS (tests resolve it).
   [ -s "$ROOT/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$ROOT/etc/hosts"
+  # One run at a time per root (two would unmount each other's /optcc); then lift what an earlier run
+  # left mounted when it was killed before its trap ran (its /optcc may point at a deleted clone).
+  exec {DEBIAN13_LOCK_FD}>"$ROOT.lock"
+  if ! flock -n "$DEBIAN13_LOCK_FD"; then
+    echo "debian13: $ROOT is in use by another run (lock $ROOT.lock); waiting up to 90 min" >&2
+    flock -w 5400 "$DEBIAN13_LOCK_FD" || { echo "debian13: $ROOT still in use after 90 min; giving up" >&2; exit 1; }
+  fi
+  local stale
+  stale=$(awk -v r="$ROOT/" 'index($5, r) == 1 {print $5}' /proc/self/mountinfo | sort -r)
+  if [ -n "$stale" ]; then
+    echo "debian13: unmounting what an interrupted earlier run left in $ROOT:" $stale >&2
+    for m in $stale; do umount -l "$m" 2>/dev/null || true; done
+  fi
   trap debian13_unmount EXIT
   trap 'exit 130' INT TERM
   mkdir -p "$ROOT/proc" "$ROOT/sys"
