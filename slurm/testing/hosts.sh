@@ -24,7 +24,8 @@
 #   what the host sends:     on e0 (inside the host)
 #   what the host receives:  on its peer end <prefix>-h<I>v (the bridge's egress towards it)
 # so a message between two hosts is limited by the sender's and the receiver's link. The rate is a
-# token bucket (tbf; burst 64 kB, the largest segment veth hands over); a --delay above 0 needs netem
+# token bucket (tbf; its burst is one millisecond of the rate, at least 64 kB, the largest segment veth
+# hands over: a 64 kB bucket caps a 2 Gbit/s link at ~82% of its rate here); a --delay above 0 needs netem
 # (netem delay D rate R on e0, netem rate R on the peer end) and is refused on a kernel built
 # without it (CONFIG_NET_SCH_NETEM, e.g. this project's CI machines), rather than silently dropped.
 # Queue limits: too small a queue drops what a TCP window puts in flight and turns a slow link into a
@@ -103,13 +104,19 @@ have_netem() {
   return $ok
 }
 
+# tbf's bucket in bytes for a link of R bit/s: one millisecond of the rate, at least 64 kB (see the header).
+burst_bytes() {
+  awk -v r="$1" 'BEGIN{b=r/8/1000; if (b < 65536) b = 65536; printf "%d", b}'
+}
+
 # Shapes host $1: $2 rate, $3 delay in us (0: none), queue limit $4 bytes. Replaces what was there.
 shape() {
-  local i=$1 rate=$2 us=$3 limit=$4 ns
+  local i=$1 rate=$2 us=$3 limit=$4 ns burst
   ns=$(ns_of "$i")
+  burst=$(burst_bytes "$(rate_bps "$rate")")
   if [ "$us" -eq 0 ]; then
-    ip netns exec "$ns" tc qdisc replace dev e0 root tbf rate "$rate" burst 64kb limit "$limit"
-    tc qdisc replace dev "$(peer_of "$i")" root tbf rate "$rate" burst 64kb limit "$limit"
+    ip netns exec "$ns" tc qdisc replace dev e0 root tbf rate "$rate" burst "$burst" limit "$limit"
+    tc qdisc replace dev "$(peer_of "$i")" root tbf rate "$rate" burst "$burst" limit "$limit"
   else
     local packets=$(( (limit + MTU_BYTES - 1) / MTU_BYTES ))
     ip netns exec "$ns" tc qdisc replace dev e0 root netem delay "${us}us" rate "$rate" limit "$packets"
