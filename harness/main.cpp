@@ -201,6 +201,11 @@ void add_comm_check_command(CLI::App& app, Cli& c) {
   }
   c.comm_check->add_option("--die-rank", c.check_opts.die_rank, "test hook: this rank kills itself")
       ->transform(decimal_integer());
+  c.comm_check->add_option("--time-allreduce", c.check_opts.time_allreduce_mb,
+                           "after the checks, time a world all-reduce of each size in MB (e.g. 128,256)")
+      ->delimiter(',');
+  c.comm_check->add_option("--reps", c.check_opts.reps, "--time-allreduce: timed calls per size")
+      ->transform(decimal_integer());
 }
 
 void add_config_command(CLI::App& app, Cli& c) {

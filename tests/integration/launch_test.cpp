@@ -7,6 +7,7 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
+#include <regex>
 #include <string>
 
 namespace {
@@ -45,6 +46,27 @@ TEST(LocalLaunch, DeadRankEndsTheRunNamingIt) {
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ::testing::HasSubstr("rank 5 was killed by signal 9"));
   EXPECT_LT(r.seconds, 10.0 + 5.0 + 5.0) << "timeout + grace + start-up exceeded";
+}
+
+// --time-allreduce through the link emulator has a closed form: 2 ranks on 2 nodes, links of
+// 10 MB/s and no latency: a 1 MB all-reduce sends 2(n-1)/n x 1 MB = 1 MB per rank, 100 ms; 2 MB,
+// 200 ms. The real transport (loopback) is far faster, so the emulated time is what is measured.
+TEST(LocalLaunch, CommCheckTimesAnAllReduceAcrossTheDeclaredLinks) {
+  auto r = run("comm-check --nproc 2 --set parallel.tp=1 --set parallel.pp=1 --set parallel.dp=2 --set "
+               "parallel.ranks_per_node=1 --set network.emulate=true --set network.intra_node_gbps=1 --set "
+               "network.inter_node_gbps=0.01 --time-allreduce 1,2 --reps 3" + kConfig);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (auto [mb, ms] : {std::pair{1, 100.0}, std::pair{2, 200.0}}) {
+    std::smatch m;
+    const std::regex line("all-reduce of " + std::to_string(mb) + " MB \\(fp32, sum\\) over 2 ranks on 2 node\\(s\\): "
+                          "median ([0-9.]+) ms");
+    ASSERT_TRUE(std::regex_search(r.output, m, line)) << r.output;
+    EXPECT_GE(std::stod(m[1]), ms * 0.99) << m[0];
+    EXPECT_LE(std::stod(m[1]), ms * 1.5) << m[0];
+  }
+  auto one = run("comm-check --nproc 1 --set parallel.tp=1 --set parallel.pp=1 --set parallel.dp=1 --time-allreduce 1" + kConfig);
+  EXPECT_NE(one.exit_code, 0);
+  EXPECT_THAT(one.output, ::testing::HasSubstr("a world of one rank has no all-reduce to time"));
 }
 
 TEST(LocalLaunch, LayoutMustMatchRanks) {
