@@ -44,6 +44,7 @@
 #include "harness/tools/trace.h"
 #include "harness/perfmodel/traffic_report.h"
 #include "harness/train/network_setup.h"
+#include "harness/perfmodel/regime.h"
 #include "harness/train/trainer.h"
 
 extern char** environ;
@@ -359,6 +360,7 @@ TrainOptions train_options(const Cli& c, const Config& cfg, int argc, char** arg
   // A Slurm requeue reruns the same command: inside a job, continue from the checkpoint by default.
   opts.resume_auto = c.resume == "auto" || (c.resume_opt->count() == 0 && std::getenv("SLURM_JOB_ID") != nullptr);
   opts.allow_config_change = c.allow_config_change;
+  opts.derive_network = derive_network_regime;  // network.match_regime (harness/perfmodel/regime.h)
   return opts;
 }
 

@@ -222,6 +222,15 @@ std::string compression_label(const CompressionConfig& c);
 ///   scale                  multiplies every emulated time (latency and transfer); > 0, default 1.
 ///                          Puts a CPU-sized model into the paper's communication/compute ratio;
 ///                          each experiment that uses it states how its value was chosen.
+///   match_regime           "" (off), or a paper run's config file (e.g. experiments/paper/gpt-2.5b.yaml):
+///                          the run derives `scale` when it starts, so that its baseline spends the
+///                          same share of its iteration in inter-node traffic as that run on the
+///                          `profile`'s cluster, whatever this CPU's speed (harness/perfmodel/regime.h:
+///                          its ranks measure this machine for ~10 s, the simulator matches the
+///                          share), and sets both latencies to the profile's / scale. Needs emulate
+///                          and a profile; `scale` and the latency keys must then be left unset. The
+///                          derived values are logged and recorded (root attribute network_regime;
+///                          the recorded config holds the derived scale with match_regime "").
 ///   skip                   traffic classes whose transfers are skipped (tp, pp_fwd, pp_bwd, dp,
 ///                          embedding; optcc's addition, docs/design.md §8.3): no real operation and no emulated time,
 ///                          shapes kept (a skipped receive yields zeros, a skipped all-reduce leaves
@@ -237,9 +246,11 @@ struct NetworkConfig {
   double intra_node_latency_us = 0.0;
   double inter_node_latency_us = 0.0;
   double scale = 1.0;
+  std::string match_regime = "";
   std::vector<std::string> skip;
-  std::vector<std::string> explicit_keys;  // not a YAML key: link keys set by a file or --set,
-                                           // which a profile never overwrites (config_io.cpp)
+  std::vector<std::string> explicit_keys;  // not a YAML key: link keys and scale set by a file or
+                                           // --set; a profile never overwrites a link key, and
+                                           // match_regime refuses them (config_io.cpp)
   template <class V> void visit(V&& v);
 };
 

@@ -89,6 +89,7 @@ template <class V> void NetworkConfig::visit(V&& v) {
   v("intra_node_latency_us", intra_node_latency_us);
   v("inter_node_latency_us", inter_node_latency_us);
   v("scale", scale);
+  v("match_regime", match_regime);
   v("skip", skip);
 }
 

@@ -249,9 +249,9 @@ void set_key(Config& cfg, const std::string& sec, const std::string& key, const 
     }
     set_field(section, sec, key, n, where);
     static const std::set<std::string> link_keys = {"intra_node_gbps", "inter_node_gbps", "intra_node_latency_us",
-                                                    "inter_node_latency_us"};
+                                                    "inter_node_latency_us", "scale"};
     if (sec == "network" && link_keys.count(key)) {
-      cfg.network.explicit_keys.push_back(key);  // a profile never overwrites it (any order)
+      cfg.network.explicit_keys.push_back(key);  // a profile never overwrites it (any order); match_regime refuses it
     }
   });
   if (!found) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 
 #include "harness/config/config.h"
 
@@ -97,6 +98,29 @@ void validate_network_config(const Config& c) {
                      n.inter_node_gbps),
          fmt::format("declare both link bandwidths, or name a profile ({}), or set emulate: false",
                      fmt::join(profiles, ", ")));
+  }
+  if (!n.match_regime.empty()) {
+    const std::string v = "'" + n.match_regime + "'";
+    if (!n.emulate) {
+      fail("network.match_regime", v, "derives the emulated links' scale, and network.emulate is false",
+           "set network.emulate: true, or remove match_regime");
+    }
+    if (n.profile.empty()) {
+      fail("network.match_regime", v,
+           fmt::format("needs network.profile: the cluster whose links are scaled ({})", fmt::join(profiles, ", ")),
+           "name the paper run's profile, e.g. profile: paper-a100-ib200");
+    }
+    for (const char* key : {"scale", "inter_node_latency_us", "intra_node_latency_us"}) {
+      if (is_explicit(n, key)) {
+        fail("network.match_regime", v,
+             fmt::format("derives network.{} when the run starts, and the config sets it too", key),
+             fmt::format("remove network.{}, or set match_regime: \"\" to use your own value", key));
+      }
+    }
+    if (!std::filesystem::is_regular_file(n.match_regime)) {
+      fail("network.match_regime", v, "is not a file (a paper run's config, relative to the working directory)",
+           "give the path of one, e.g. experiments/paper/gpt-2.5b.yaml, and run from the repository");
+    }
   }
   const auto names = network_skip_names();
   for (size_t i = 0; i < n.skip.size(); ++i) {

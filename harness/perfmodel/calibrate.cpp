@@ -3,6 +3,7 @@
 
 #include <sys/wait.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <stdexcept>
 #include <tuple>
@@ -23,7 +25,9 @@
 
 #include "compression/act_codec.h"
 #include "harness/parallel/communicator.h"
+#include "harness/parallel/distributed.h"
 #include "harness/parallel/threads.h"
+#include "harness/perfmodel/regime.h"
 #include "harness/perfmodel/traffic_estimate.h"
 #include "harness/train/optimizer.h"
 #include "harness/train/trainer.h"
@@ -71,11 +75,12 @@ constexpr int64_t kLargeFactor = 16;  // the transport's second message size, in
 // the config ([s, b, h] fp32) and 16 S, all-reduced by this process and its partner (process i ^ 1), each
 // after a GEMM of one layer half as in a run (so the other processes compute meanwhile), timed
 // from the later of the two posts to the end; median of max(4 reps, 20). A process without a partner times 0.
+// `pair_store(pair)` gives the store the two processes of pair `pair` = index / 2 meet in.
 std::pair<double, double> time_transport(const Config& cfg, int64_t reps, int64_t index, int64_t n,
-                                         const std::string& store_path) {
+                                         const std::function<c10::intrusive_ptr<c10d::Store>(int64_t)>& pair_store) {
   const int64_t partner = index ^ 1;
   if (partner >= n) return {0.0, 0.0};
-  auto store = c10::make_intrusive<c10d::FileStore>(fmt::format("{}-pair{}", store_path, index / 2), 2);
+  auto store = pair_store(index / 2);
   const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.parallel.timeout_seconds * 1000));
   auto pg = make_gloo_group(store, "transport", static_cast<int>(index & 1), 2, timeout);
   const int64_t rows = cfg.model.seq_len * cfg.train.micro_batch_size, h = cfg.model.hidden_size;
@@ -165,7 +170,8 @@ double time_powersgd(const Config& cfg, int64_t reps) {
   });
 }
 
-Rates measure(const Config& cfg, int64_t reps, int64_t index, int64_t local_ranks, const std::string& store_path) {
+Rates measure(const Config& cfg, int64_t reps, int64_t index, int64_t local_ranks,
+              const std::function<c10::intrusive_ptr<c10d::Store>(int64_t)>& pair_store) {
   set_cpu_threads(threads_for(cfg, local_ranks));
   torch::manual_seed(static_cast<uint64_t>(cfg.train.seed));
   Rates r;
@@ -173,8 +179,23 @@ Rates measure(const Config& cfg, int64_t reps, int64_t index, int64_t local_rank
   r.memory = time_memory(reps);
   r.lowrank = time_lowrank(cfg, reps);
   r.powersgd = time_powersgd(cfg, reps);
-  std::tie(r.allreduce_small, r.allreduce_large) = time_transport(cfg, reps, index, local_ranks, store_path);
+  std::tie(r.allreduce_small, r.allreduce_large) = time_transport(cfg, reps, index, local_ranks, pair_store);
   return r;
+}
+
+// The median of each field over the processes (the transport's: over those with a partner).
+Rates median_rates(const std::vector<std::array<double, Rates::kFields>>& all) {
+  std::array<double, Rates::kFields> med{};
+  for (int f = 0; f < Rates::kFields; ++f) {
+    std::vector<double> v;
+    for (const auto& a : all) {
+      if (a[f] > 0 || f < 6) v.push_back(a[f]);  // transport: processes with a partner
+    }
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    med[f] = v[v.size() / 2];
+  }
+  return Rates::from(med);
 }
 
 // `n` processes measure at once (forked before this process touches LibTorch's thread pools);
@@ -191,7 +212,9 @@ Rates measure_concurrently(const Config& cfg, int64_t reps, int64_t n) {
       close(fds[0]);
       int code = 0;
       try {
-        const auto a = measure(cfg, reps, i, n, store_path).as_array();
+        const auto a = measure(cfg, reps, i, n, [&](int64_t pair) -> c10::intrusive_ptr<c10d::Store> {
+                         return c10::make_intrusive<c10d::FileStore>(fmt::format("{}-pair{}", store_path, pair), 2);
+                       }).as_array();
         code = write(fds[1], a.data(), sizeof(a)) == static_cast<ssize_t>(sizeof(a)) ? 0 : 3;
       } catch (const std::exception& e) {
         std::cerr << "calibrate (child): " << e.what() << "\n";
@@ -213,17 +236,7 @@ Rates measure_concurrently(const Config& cfg, int64_t reps, int64_t n) {
     all.push_back(a);
   }
   for (int64_t pair = 0; pair < n / 2; ++pair) std::remove(fmt::format("{}-pair{}", store_path, pair).c_str());
-  std::array<double, Rates::kFields> med{};
-  for (int f = 0; f < Rates::kFields; ++f) {
-    std::vector<double> v;
-    for (const auto& a : all) {
-      if (a[f] > 0 || f < 6) v.push_back(a[f]);  // transport: processes with a partner
-    }
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    med[f] = v[v.size() / 2];
-  }
-  return Rates::from(med);
+  return median_rates(all);
 }
 
 std::string profile_yaml(const Config& cfg, const Rates& r, int64_t n, int64_t reps, double load,
@@ -283,6 +296,31 @@ double load_average() {
 
 }  // namespace
 
+std::string measure_machine_in_run(const Config& cfg, Distributed& d, int64_t reps) {
+  const int world = d.env.world_size, rank = d.rank();
+  const std::string host = d.addresses.empty() ? std::string("local") : d.addresses.at(rank);
+  const double load = load_average();
+  Rates mine;
+  if (world == 1) {
+    mine = measure(cfg, reps, 0, 1, nullptr);
+  } else {
+    // Pairs of ranks of one host (local ranks 2k, 2k+1) meet under a key of their own in the run's store.
+    mine = measure(cfg, reps, d.env.local_rank, d.env.local_world_size, [&](int64_t pair) {
+      return c10::make_intrusive<c10d::PrefixStore>(fmt::format("optcc/regime/{}/pair{}", host, pair), d.store);
+    });
+  }
+  auto rows = torch::zeros({world, Rates::kFields}, torch::kFloat64);
+  const auto a = mine.as_array();
+  for (int f = 0; f < Rates::kFields; ++f) rows[rank][f] = a[f];
+  if (d.world) d.world->all_reduce(rows, Traffic::kControl);  // each rank fills its own row: the sum gathers
+  std::vector<std::array<double, Rates::kFields>> all(world);
+  auto acc = rows.accessor<double, 2>();
+  for (int r = 0; r < world; ++r) {
+    for (int f = 0; f < Rates::kFields; ++f) all[r][f] = acc[r][f];
+  }
+  return profile_yaml(cfg, median_rates(all), world, reps, load, "run-start");
+}
+
 int run_calibrate_command(const Config& cfg, const CalibrateOptions& o) {
   cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
   if (!(cfg.network.intra_node_gbps > 0 && cfg.network.inter_node_gbps > 0)) {
@@ -297,7 +335,17 @@ int run_calibrate_command(const Config& cfg, const CalibrateOptions& o) {
   const double load = load_average();
   std::cerr << fmt::format("calibrate: {} processes, {} repetitions each (load {:.1f})\n", n, o.reps, load);
   const Rates r = measure_concurrently(cfg, o.reps, n);
-  const std::string yaml = profile_yaml(cfg, r, n, o.reps, load, std::filesystem::path(o.output).stem().string());
+  const std::string name = std::filesystem::path(o.output).stem().string();
+  std::string yaml = profile_yaml(cfg, r, n, o.reps, load, name);
+  if (!cfg.network.match_regime.empty()) {  // the links a run of this config would derive (regime.h)
+    const HardwareProfile machine = parse_hardware_profile(yaml, o.output);
+    const RegimeMatch m = rounded(match_regime(cfg, machine, cfg.network.match_regime, cfg.network.profile));
+    Config derived = detached_copy(cfg);
+    apply_regime(derived.network, m);
+    yaml = profile_yaml(derived, r, n, o.reps, load, name) +
+           "# network: derived from these rates as network.match_regime does at a run's start: " +
+           regime_summary(m, machine) + "\n";
+  }
   std::ofstream out(o.output);
   if (!out) throw std::runtime_error(fmt::format("calibrate: cannot write {}", o.output));
   out << yaml;

@@ -18,7 +18,9 @@
 //            as in a run), timed from the later of the two posts, fitted as t(S) = 2 x latency
 //            + S / bandwidth (hardware_profile.h);
 //   network                                  the config's network section as it stands (the
-//            emulated links: GB/s, µs, scale), devices_per_node = parallel.ranks_per_node.
+//            emulated links: GB/s, µs, scale), devices_per_node = parallel.ranks_per_node;
+//            with network.match_regime, the scale and latencies a run of the config would derive
+//            from these rates (regime.h), and a last comment line saying how.
 // Uses the CPU heavily for tens of seconds: run it on a quiet machine.
 #pragma once
 
@@ -26,6 +28,7 @@
 #include <string>
 
 #include "harness/config/config.h"
+#include "harness/parallel/distributed.h"
 
 namespace optcc {
 
@@ -34,6 +37,15 @@ struct CalibrateOptions {
   int64_t concurrent = 0;  // 0: the config's world size (tp·pp·dp)
   int64_t reps = 5;
 };
+
+/// network.match_regime's measurement (regime.h), on every rank of a running job at once (so the
+/// ranks share the cores as they will in the run): each rank measures what `optcc calibrate`
+/// measures (its transport with its neighbour on the same host, local ranks 2k and 2k+1, meeting
+/// in the run's store), the world sums a [world, 8] fp64 table in which each rank filled its own row
+/// (control traffic), and every rank takes the same medians. Returns the profile as `optcc
+/// calibrate` writes it (YAML, named run-start; the config's network section as it stands), so
+/// the same parser reads both. Collective over d.world; a world of one measures alone.
+std::string measure_machine_in_run(const Config& cfg, Distributed& d, int64_t reps = 5);
 
 /// Measures and writes the profile; prints it. Returns the exit code.
 int run_calibrate_command(const Config& cfg, const CalibrateOptions& o);

@@ -1,5 +1,6 @@
 // `optcc simulate` output and command (simulate_report.h).
 #include "harness/perfmodel/simulate_report.h"
+#include "harness/perfmodel/regime.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -164,36 +165,27 @@ std::string simulate_report_json(const Config& cfg, const HardwareProfile& hw,
 
 namespace {
 
-// --match-regime: the paper's baseline share of inter-node time, then the scale for `cfg`.
+// --match-regime: the paper's baseline share of inter-node time, then the scale for `cfg` (regime.h).
 int match_regime_command(const Config& cpu, const SimulateCommandOptions& o) {
+  const HardwareProfile machine = load_hardware_profile(o.machine_profile);
+  const RegimeMatch m = match_regime(cpu, machine, o.match_regime, o.profile, o.sim);
   const HardwareProfile paper_hw = load_hardware_profile(o.profile);
-  Config paper = load_config(o.match_regime);
-  paper.validate(paper.parallel.tp * paper.parallel.pp * paper.parallel.dp, Config::BuildLimits::kAnyBuild);
-  SimOptions paper_opts = o.sim;
-  paper_opts.recompute = true;  // the paper's runs (docs/design.md §8.1)
-  const auto paper_run = simulate_schemes(paper, paper_hw, paper_opts, {"baseline"}).at(0);
-  const double target = inter_node_share(paper_run.result);
-  HardwareProfile machine = load_hardware_profile(o.machine_profile);
-  machine.links = paper_hw.links;  // the paper's links, to be scaled
-  machine.devices_per_node = static_cast<int>(cpu.parallel.ranks_per_node > 0 ? cpu.parallel.ranks_per_node
-                                                                              : cpu.parallel.tp * cpu.parallel.pp * cpu.parallel.dp);
-  double reached = 0;
-  const double scale = match_inter_node_share(cpu, machine, o.sim, target, reached);
-  const auto& l = paper_hw.links;
   std::cout << fmt::format(
       "paper regime: {} on {} (recompute on): baseline iteration {:.1f} ms, inter-node classes (dp, embedding, "
       "pp) {:.1f}% of it\n",
-      o.match_regime, paper_hw.name, ms(paper_run.result.iteration_s), 100 * target);
+      o.match_regime, paper_hw.name, ms(m.paper_iteration_s), 100 * m.target_share);
   std::cout << fmt::format(
       "cpu config: {} computing at {}'s rates on {}'s links: scale {:.0f} gives {:.1f}% (links {:.4g} GB/s "
       "intra, {:.4g} MB/s inter per node; latencies kept at the profile's)\n",
-      cpu.source_path, machine.name, paper_hw.name, scale, 100 * reached, l.intra_bytes_per_s / scale / 1e9,
-      l.inter_bytes_per_s / scale / 1e6);
+      cpu.source_path, machine.name, paper_hw.name, m.scale, 100 * m.reached_share, m.intra_bytes_per_s / 1e9,
+      m.inter_bytes_per_s / 1e6);
+  const auto& l = paper_hw.links;
   std::cout << fmt::format(
       "network:\n  emulate: true\n  profile: {}\n  scale: {:.0f}\n  inter_node_latency_us: {:.4g}   # {:.3g} / "
-      "scale\n  intra_node_latency_us: {:.4g}  # {:.3g} / scale\n",
-      paper_hw.emulator_profile.empty() ? "\"\"" : paper_hw.emulator_profile, scale, l.inter_latency_s * 1e6 / scale,
-      l.inter_latency_s * 1e6, l.intra_latency_s * 1e6 / scale, l.intra_latency_s * 1e6);
+      "scale\n  intra_node_latency_us: {:.4g}  # {:.3g} / scale\n"
+      "(or `match_regime: {}` in the network section: a run derives this at its start, on its own ranks)\n",
+      paper_hw.emulator_profile.empty() ? "\"\"" : paper_hw.emulator_profile, m.scale, m.inter_latency_us,
+      l.inter_latency_s * 1e6, m.intra_latency_us, l.intra_latency_s * 1e6, o.match_regime);
   return 0;
 }
 

@@ -307,6 +307,7 @@ void Trainer::set_up() {
   quiet_ = options_.quiet || !writer_;
   spdlog::set_level(spdlog::level::from_str(cfg_.log.level));
   set_cpu_threads(threads_for(cfg_, d_.env.local_world_size));
+  if (!cfg_.network.match_regime.empty()) apply_network_regime();  // before the seed: it draws tensors
   torch::manual_seed(static_cast<uint64_t>(cfg_.train.seed));
   setup_network(d_, cfg_);  // link emulation / skipping (network_setup.h); nothing when off
   coord_ = d_.coord();
@@ -314,6 +315,23 @@ void Trainer::set_up() {
   range_ = stage_range(cfg_, coord_.pp);
   m_ = cfg_.num_micro_batches();
   act_shape_ = {cfg_.model.seq_len, cfg_.train.micro_batch_size, cfg_.model.hidden_size};
+}
+
+// network.match_regime (config.h): the scale and latencies derived on every rank, logged; the recorded
+// config holds the derived values (match_regime "": it ran at that scale), the attribute says how.
+void Trainer::apply_network_regime() {
+  if (!options_.derive_network) {
+    throw ConfigError(fmt::format(
+        "config error: network.match_regime = '{}': the scale is derived by `optcc train` at its start, and this "
+        "caller gave no derivation (TrainOptions::derive_network). Fix: run it with optcc train, or set "
+        "network.match_regime: \"\" and network.scale yourself (optcc simulate --match-regime prints one)",
+        cfg_.network.match_regime));
+  }
+  if (!quiet_) spdlog::info("network.match_regime = {}: measuring this machine on every rank (~10 s)", cfg_.network.match_regime);
+  network_regime_ = options_.derive_network(cfg_, d_);
+  cfg_.network.match_regime = "";
+  validate_network_config(cfg_);
+  if (!quiet_) spdlog::info("network.match_regime: {}", network_regime_);
 }
 
 void Trainer::build_model_and_optimizer() {
@@ -504,6 +522,7 @@ std::map<std::string, std::string> Trainer::result_attributes() const {
   attrs["dp_ef_residual"] = make_dp_reducer(cfg_, /*compresses=*/true)->ef_residual();
   attrs["dp_tensor_names"] = nlohmann::json(all_dp_names_).dump();
   if (!sc_auto_text_.empty()) attrs["sc_auto"] = sc_auto_text_;
+  if (!network_regime_.empty()) attrs["network_regime"] = network_regime_;
   attrs["traffic_classes"] = "0 tp, 1 pp_fwd, 2 pp_bwd, 3 dp, 4 embedding, 5 control; link 0 intra, 1 inter";
   if (!cfg_.log.timeline_steps.empty()) {
     for (auto& [k, v] : timeline_attributes()) attrs[k] = v;

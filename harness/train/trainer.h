@@ -79,6 +79,11 @@ struct TrainOptions {
   // Tests: called on every rank before step `step` (1-based) runs, with the compressor state a
   // checkpoint saves (checkpoint.h CheckpointPart: save / load), e.g. to put a NaN into it.
   std::function<void(int64_t step, int rank, const std::vector<CheckpointPart>& parts)> on_step_state;
+  /// network.match_regime: called on every rank (collective) before the link emulator is built, to
+  /// set cfg.network.scale and the latencies; returns the text recorded as the root attribute
+  /// network_regime. `optcc train` passes harness/perfmodel/regime.h derive_network_regime (this
+  /// layer cannot name the simulator); without it a config with match_regime is refused.
+  std::function<std::string(Config& cfg, Distributed& d)> derive_network;
 };
 
 struct TrainSummary {
@@ -120,6 +125,7 @@ class Trainer {
   struct StepResult;
 
   void set_up();
+  void apply_network_regime();
   void claim_directories();
   void take_run_locks();
   void check_writable_dirs();
@@ -174,6 +180,7 @@ class Trainer {
   std::unique_ptr<GptStageFunctions> stage_fn_;
   std::vector<bool> sc_compress_;  // [stages]: SC, which stages compress their DP gradients
   std::string sc_auto_text_;       // dp_stages: auto, how the choice was made
+  std::string network_regime_;  // network.match_regime: how the scale was derived ("" without)
   std::string sc_stages_;          // the choice, for the log and results
   std::unique_ptr<GradientSync> grad_sync_;
   std::vector<CheckpointPart> checkpoint_parts_;

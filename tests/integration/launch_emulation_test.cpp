@@ -9,8 +9,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <H5Cpp.h>
+
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <sstream>
 
 #include "tests/support/process.h"
@@ -56,6 +59,53 @@ TEST(LocalLaunch, EmulatedRunSharesTheNicSegmentAndTracesItsTimeline) {
   const auto [bad, __] = run({optcc, "trace", results}, dir / "bad.txt");  // nothing asked for
   EXPECT_EQ(bad, 1);
   EXPECT_THAT(slurp(dir / "bad.txt"), ::testing::HasSubstr("Fix: give -o trace.json"));
+}
+
+// network.match_regime: the ranks measure this machine at the start, the scale and latencies are
+// derived (the log and the emulator's own start-up line carry the same scale), and the results
+// record how (attribute network_regime) and what ran (the config: the derived scale, match_regime "").
+TEST(LocalLaunch, MatchRegimeDerivesTheScaleAtStartAndRecordsIt) {
+  optcc::testing::TempDir dir;
+  optcc::testing::write_synthetic_corpus(dir / "corpus", 64, 200);
+  const std::string optcc = std::string(OPTCC_BINARY_DIR) + "/optcc";
+  const std::string paper = std::string(OPTCC_SOURCE_DIR) + "/experiments/paper/gpt-2.5b.yaml";
+  std::vector<std::string> args = {
+      optcc, "train", "--nproc", "4", "--config", std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml",
+      "--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data"), "--set", "data.split=100,0,0",
+      "--set", "train.eval_interval=0", "--set", "model.vocab_size=64", "--set", "parallel.pp=2", "--set",
+      "parallel.dp=2", "--set", "parallel.ranks_per_node=2", "--set", "train.train_steps=2", "--set",
+      "train.threads=1", "--set", "log.dir=" + (dir / "results"), "--set", "log.run_name=regime", "--set",
+      "network.emulate=true", "--set", "network.profile=paper-a100-ib200", "--set", "network.match_regime=" + paper};
+  const std::string log = dir / "log.txt";
+  ASSERT_EQ(run(args, log).first, 0) << slurp(log);
+  const std::string text = slurp(log);
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("network.match_regime: scale ([0-9.e+]+) from ")))
+      << text;
+  const double scale = std::stod(m[1]);
+  EXPECT_GT(scale, 0);
+  // The emulator runs at the derived scale (its start-up line prints the config it was built from).
+  EXPECT_THAT(text, ::testing::HasSubstr(", scale " + std::string(m[1])));
+  H5::H5File f(dir / "results/regime.h5", H5F_ACC_RDONLY);
+  auto attr = [&](const char* name) {
+    H5::Attribute a = f.openAttribute(name);
+    std::string v;
+    a.read(a.getStrType(), v);
+    return v;
+  };
+  EXPECT_THAT(attr("network_regime"), ::testing::StartsWith("scale " + std::string(m[1]) + " from " + paper));
+  EXPECT_THAT(attr("config"), ::testing::HasSubstr("match_regime: \"\""));
+  std::smatch cs;
+  const std::string config = attr("config");
+  ASSERT_TRUE(std::regex_search(config, cs, std::regex("\n  scale: ([0-9.e+]+)\n")));
+  EXPECT_NEAR(std::stod(cs[1]), scale, 1e-9 * scale);
+
+  // Given together with its own scale, match_regime is refused before any work.
+  args.insert(args.end(), {"--set", "network.scale=200"});
+  ASSERT_NE(run(args, dir / "refused.txt").first, 0);
+  EXPECT_THAT(slurp(dir / "refused.txt"),
+              ::testing::AllOf(::testing::HasSubstr("network.match_regime"), ::testing::HasSubstr("network.scale"),
+                               ::testing::HasSubstr("Fix:")));
 }
 
 }  // namespace

@@ -90,6 +90,32 @@ TEST(NetworkConfig, RulesNameKeyValueRuleAndFix) {
   EXPECT_EQ(error_of([] { load("log:\n  timeline_steps: [5, 6]\n").validate(); }), "");
 }
 
+TEST(NetworkConfig, MatchRegimeNeedsEmulationAProfileAndNoScaleOfItsOwn) {
+  const std::string paper = std::string(OPTCC_SOURCE_DIR) + "/experiments/paper/gpt-2.5b.yaml";
+  const std::string on = "network:\n  emulate: true\n  profile: paper-a100-ib200\n  match_regime: " + paper + "\n";
+  EXPECT_EQ(error_of([&] { load(on).validate(); }), "");
+  EXPECT_THAT(error_of([&] { load(on, {"network.emulate=false"}).validate(); }),
+              AllOf(HasSubstr("network.match_regime = '" + paper + "'"), HasSubstr("network.emulate is false"),
+                    HasSubstr("Fix:")));
+  // Links declared by hand (no profile): nothing names the cluster whose regime is matched.
+  EXPECT_THAT(error_of([&] {
+                load(on, {"network.profile=", "network.intra_node_gbps=1", "network.inter_node_gbps=1"}).validate();
+              }),
+              AllOf(HasSubstr("needs network.profile"), HasSubstr("paper-a100-ib200")));
+  for (const char* key : {"scale=290", "inter_node_latency_us=0.03", "intra_node_latency_us=0.01"}) {
+    const std::string name = std::string(key).substr(0, std::string(key).find('='));
+    EXPECT_THAT(error_of([&] { load(on, {std::string("network.") + key}).validate(); }),
+                AllOf(HasSubstr("derives network." + name), HasSubstr("remove network." + name))) << key;
+  }
+  EXPECT_THAT(error_of([&] { load(on, {"network.match_regime=experiments/paper/no-such.yaml"}).validate(); }),
+              AllOf(HasSubstr("'experiments/paper/no-such.yaml'"), HasSubstr("is not a file")));
+  // Off (""), a scale of one's own is fine; the effective YAML round-trips the key.
+  EXPECT_EQ(error_of([&] { load(on, {"network.match_regime=", "network.scale=290"}).validate(); }), "");
+  testing::TempDir dir;
+  std::ofstream(dir / "effective.yaml") << to_yaml(load(on));
+  EXPECT_EQ(load_config(dir / "effective.yaml").network.match_regime, paper);
+}
+
 TEST(NetworkConfig, LinkParamsInSiUnits) {
   const Config c = load("network:\n  profile: paper-a100-ib200\n  scale: 4\n  skip: [pp_bwd, embedding]\n");
   const LinkParams p = link_params(c.network);

@@ -2,13 +2,17 @@
 // traffic model and the emulator's cost model.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <fstream>
 #include <sstream>
 
 #include "harness/config/config.h"
 #include "harness/perfmodel/hardware_profile.h"
+#include "harness/perfmodel/regime.h"
 #include "harness/perfmodel/simulator.h"
 #include "models/flops.h"
+#include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
 namespace {
@@ -176,6 +180,61 @@ TEST(HardwareProfile, RefusesUnknownKeysAndMissingNumbers) {
   EXPECT_TRUE(hw.has_transport);
   EXPECT_DOUBLE_EQ(hw.transport_step_latency_s, 1.2e-3);
   EXPECT_DOUBLE_EQ(hw.transport_bytes_per_s, 0.8e9);
+}
+
+// The regime match (regime.h): the CPU config reaches the paper run's inter-node share at the
+// scale it returns, its links are the paper profile's divided by it, and its latencies, once
+// scaled, are the profile's. A machine twice as fast at everything needs links twice as fast:
+// half the scale (to the latencies' share, which the match keeps fixed: well under 1% here).
+TEST(Regime, MatchesThePaperRunsInterNodeShare) {
+  const std::string src = OPTCC_SOURCE_DIR;
+  const std::string paper = src + "/experiments/paper/gpt-2.5b.yaml", paper_profile = src + "/experiments/profiles/paper-a100-ib200.yaml";
+  Config cpu = small(2, 2, 2, 8, 128);
+  cpu.parallel.ranks_per_node = 2;
+  const char* machine_yaml = R"(
+name: machine
+device: {forward_gflops: 20, backward_gflops: 30, memory_gbps: 8, optimizer_ns_per_parameter: 10}
+network: {intra_node_gbps: 1, inter_node_gbps: 1, devices_per_node: 2}
+)";
+  const HardwareProfile machine = parse_hardware_profile(machine_yaml, "test");
+  const RegimeMatch m = match_regime(cpu, machine, paper, paper_profile);
+  EXPECT_GT(m.target_share, 0.02);
+  EXPECT_LT(m.target_share, 0.5);
+  EXPECT_NEAR(m.reached_share, m.target_share, 1e-6);
+  const HardwareProfile p = load_hardware_profile(paper_profile);
+  EXPECT_DOUBLE_EQ(m.inter_bytes_per_s * m.scale, p.links.inter_bytes_per_s);
+  EXPECT_DOUBLE_EQ(m.intra_bytes_per_s * m.scale, p.links.intra_bytes_per_s);
+  EXPECT_NEAR(m.inter_latency_us * m.scale, p.links.inter_latency_s * 1e6, 1e-9);
+  // The same share replayed from the outside: the config at the match's scale and latencies.
+  HardwareProfile at = machine;
+  at.links = p.links;
+  at.links.scale = m.scale;
+  at.links.inter_latency_s = m.inter_latency_us * 1e-6;
+  at.links.intra_latency_s = m.intra_latency_us * 1e-6;
+  at.devices_per_node = 2;
+  Config base = cpu;
+  apply_compression_scheme(base.compression, "baseline");
+  EXPECT_NEAR(inter_node_share(replay(make_sim_inputs(base, at))), m.target_share, 1e-6);
+  // What a run sets: the scale to 4 significant digits, the links and latencies still the
+  // profile's divided by it.
+  const RegimeMatch r = rounded(m);
+  EXPECT_DOUBLE_EQ(r.scale, std::stod(fmt::format("{:.4g}", m.scale)));
+  EXPECT_NEAR(r.inter_bytes_per_s * r.scale / p.links.inter_bytes_per_s, 1.0, 1e-12);
+  EXPECT_NEAR(r.inter_latency_us * r.scale, p.links.inter_latency_s * 1e6, 1e-9);
+  EXPECT_NEAR(r.intra_latency_us * r.scale, p.links.intra_latency_s * 1e6, 1e-9);
+  // Twice as fast at everything needs links twice as fast: exactly half the scale, on links
+  // without latency (a latency is a fixed cost the match keeps, so it would not halve).
+  testing::TempDir dir;
+  std::ofstream(dir / "flat.yaml") << "name: flat\ndevice: {peak_tflops: 156, efficiency: 0.4, memory_gbps: 1555}\n"
+                                      "network: {intra_node_gbps: 300, inter_node_gbps: 25, intra_node_latency_us: 0, "
+                                      "inter_node_latency_us: 0, devices_per_node: 8, nics_per_node: 1}\n";
+  HardwareProfile twice = machine;
+  twice.forward_flops_per_s *= 2, twice.backward_flops_per_s *= 2, twice.memory_bytes_per_s *= 2;
+  twice.optimizer_seconds_per_parameter /= 2;
+  const RegimeMatch once = match_regime(cpu, machine, paper, dir / "flat.yaml");
+  const RegimeMatch fast = match_regime(cpu, twice, paper, dir / "flat.yaml");
+  EXPECT_NEAR(fast.scale / once.scale, 0.5, 1e-6);
+  EXPECT_DOUBLE_EQ(fast.target_share, once.target_share);  // the paper run does not depend on this machine
 }
 
 TEST(HardwareProfile, PaperProfileTakesTheEmulatorsLinks) {
