@@ -117,6 +117,8 @@ RunCheck check_run(const SweepRun& r, const std::string& root) {
   bool fallback = false;
   Config located = cfg;  // the run reads data.prefix from the repository root
   located.data.prefix = under(root, located.data.prefix);
+  // The run reads network.match_regime from the repository root too (validate checks that the file exists).
+  if (!cfg.network.match_regime.empty()) cfg.network.match_regime = under(root, cfg.network.match_regime);
   if (cfg.model.vocab_size == 0) {
     try {
       resolve_vocab(located);
