@@ -13,13 +13,20 @@
 #             machine's veth links carry (about 2 Gbit/s with room) is scaled down with the message
 #             (rate / k and size / k take the same time on a bandwidth-bound link), k stated per row.
 #   sudo scripts/allreduce_links.sh           (about 5 minutes)
-# Prints the table (Markdown) and writes it to results/allreduce-links.md; the hosts are removed at the end.
+# Prints the table (Markdown) and writes it to results/allreduce-links.md; the hosts are removed at the end
+# (so it refuses to start while hosts of hosts.sh are up: it would take their addresses and remove them).
+# From the repository root, with build/optcc built.
 set -euo pipefail
 OPTCC=$(readlink -f "${OPTCC:-build/optcc}")
 REPS=${REPS:-5}
 hosts=slurm/testing/hosts.sh
 out=results/allreduce-links.md
 [ "$(id -u)" -eq 0 ] || { echo "allreduce_links.sh: the hosts need root. Fix: sudo $0" >&2; exit 1; }
+if [ -n "$(ip netns list 2>/dev/null | awk '$1 ~ /-h[0-9]+$/')" ]; then
+  echo "allreduce_links.sh: hosts are up ($(ip netns list | awk '{print $1}' | tr '\n' ' ')); this script shapes its own 4 hosts" \
+       "on the same addresses and removes them when it ends. Fix: finish with those, then slurm/testing/hosts.sh down" >&2
+  exit 1
+fi
 mkdir -p results
 tmp=$(mktemp -d /tmp/optcc-allreduce.XXXXXX)
 trap 'bash "$hosts" down >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT

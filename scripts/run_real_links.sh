@@ -12,20 +12,24 @@
 # Latency is not shaped (this kernel has no netem); the emulator declares the profile's latency /
 # SCALE (well under a microsecond), the veth links add their own few tens of microseconds.
 #
-#   sudo scripts/run_real_links.sh [SCALE]            (default 200: 1 Gbit/s of payload per host)
+#   sudo TAG=a scripts/run_real_links.sh [SCALE]      (default 200: 1 Gbit/s of payload per host)
+# From the repository root, with build/optcc built and the corpus prepared (`make data`). TAG is
+# required (the table reads results by tag); sudo keeps only the variables named before the script.
 # SCALE "auto" derives it as the config's network.match_regime does at a run's start (optcc calibrate,
 # then optcc simulate --match-regime: the same code) and stops when the links that asks for are
 # faster than this machine's veth links carry (`hosts.sh check` at that rate): on a fast CPU the
 # paper's share of inter-node time needs fast links, and a shaper that cannot reach its rate would
 # turn the comparison into one against the machine's packet processing. Then give a larger SCALE
 # (slower links: a larger inter-node share than the paper's, the same for all three).
-#   env: SCHEMES (default "baseline cb cb_fe cb_fe_sc"; speed-ups are against the first), TAG (file
-#        suffix), MODES (default "real emu": which of the two run, in that order for each scheme),
-#        DP_RANK (PowerSGD rank of cb_fe_sc, default 16 as in scripts/run_emulation.sh), OPTCC.
-# Results: results/links-<mode>-<scheme>[-TAG].h5. Then the tables:
-#   /usr/bin/python3 scripts/emulation_table.py results/links-real-*-TAG.h5
-#   /usr/bin/python3 scripts/simulator_validation.py results/links-real-*-TAG.h5 --profile P --set network.scale=SCALE
-# (scripts/real_links_table.py puts real, emulated and simulated side by side.)
+#   env: TAG (the round's name, the files' suffix, e.g. a; required), SCHEMES (default "baseline cb
+#        cb_fe cb_fe_sc"; speed-ups are against the first), MODES (default "real emu": which of the two
+#        run, in that order for each scheme), DP_RANK (PowerSGD rank of cb_fe_sc, default 16 as in
+#        scripts/run_emulation.sh), OPTCC, THREADS (per rank; default the cores / 8, at least 1, the
+#        same in both modes: the real hosts' launchers each see 2 local ranks and would take more).
+# Results: results/links-<mode>-<scheme>-TAG.h5. At the end it prints the commands of the table:
+# `optcc calibrate` at this scale (the simulator's profile, its links the ones the hosts carry), then
+# scripts/real_links_table.py --tags TAG[,TAG2...] --profile that file (real, emulated and simulated
+# side by side, every round given).
 # The hosts stay up afterwards (their `list` shows the shaping); `slurm/testing/hosts.sh down` removes them.
 set -euo pipefail
 scale=${1:-200}
@@ -35,7 +39,10 @@ DP_RANK=${DP_RANK:-16}
 SCHEMES=${SCHEMES:-"baseline cb cb_fe cb_fe_sc"}
 MODES=${MODES:-"real emu"}
 hosts=slurm/testing/hosts.sh
-[ "$(id -u)" -eq 0 ] || { echo "run_real_links.sh: the hosts need root (namespaces, links, qdiscs). Fix: sudo $0 $*" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || { echo "run_real_links.sh: the hosts need root (namespaces, links, qdiscs). Fix: sudo TAG=${TAG:-a} ${SCHEMES:+SCHEMES=\"$SCHEMES\" }$0 $*" >&2; exit 1; }
+[ -n "${TAG:-}" ] || { echo "run_real_links.sh: TAG is not set: each round's files are named by it (results/links-<mode>-<scheme>-TAG.h5) and the table reads them by tag. Fix: e.g. sudo TAG=a $0 $*" >&2; exit 1; }
+[ -x "$OPTCC" ] || { echo "run_real_links.sh: OPTCC=$OPTCC is not an executable. Fix: build it (make build) and run from the repository root" >&2; exit 1; }
+THREADS=${THREADS:-$(( $(nproc) / 8 > 0 ? $(nproc) / 8 : 1 ))}
 if [ "$scale" = auto ]; then
   regime=$(awk '/^  match_regime:/{print $2; exit}' "$config")
   [ -n "$regime" ] || { echo "run_real_links.sh: SCALE auto needs network.match_regime in $config" >&2; exit 1; }
@@ -78,10 +85,10 @@ for scheme in $SCHEMES; do
     extra=(--set "compression.dp={name: powersgd, rank: ${DP_RANK}, error_feedback: true, warmup_steps: 0}")
   fi
   for mode in $MODES; do
-    run="links-${mode}-${scheme}${TAG:+-$TAG}"
+    run="links-${mode}-${scheme}-${TAG}"
     echo "== ${mode} ${scheme} -> results/${run}.h5 (load: $(cut -d' ' -f1-3 /proc/loadavg))"
     common=(--config "$config" --set compression.scheme="$scheme" "${extra[@]}" "${links[@]}"
-            --set log.run_name="$run" --set log.dir="$PWD/results")
+            --set log.run_name="$run" --set log.dir="$PWD/results" --set train.threads="$THREADS")
     if [ "$mode" = real ]; then
       port=$((port + 1))
       pids=()
@@ -97,4 +104,6 @@ for scheme in $SCHEMES; do
     fi
   done
 done
-echo "== done; tables: /usr/bin/python3 scripts/real_links_table.py --scale $scale --tag '${TAG:-}'"
+echo "== done. The table (the simulator's profile calibrated at this scale; list every round's tag):"
+echo "  $OPTCC calibrate --config $config ${links[*]} -o /tmp/at-$scale.yaml"
+echo "  /usr/bin/python3 scripts/real_links_table.py --tags $TAG --profile /tmp/at-$scale.yaml"

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages of the single-node test cluster (slurm/testing/start.sh): munge,
-# slurmctld, slurmd and the client commands (sbatch, squeue, sinfo, ...). Only the Slurm test needs
+# Installs the Debian 12 packages of the test clusters (slurm/testing/start.sh, one node or several
+# hosts): munge, slurmctld, slurmd and the client commands (sbatch, squeue, sinfo, ...). Only the Slurm test needs
 # them, so they are not in scripts/deps.sh. Idempotent and non-interactive; run as root (or with sudo).
 # Services are not started by the install: start.sh runs its own daemons with its own files.
 set -euo pipefail
 
-PACKAGES=(munge slurmctld slurmd slurm-client)
+# iproute2 (ip, tc) and util-linux (unshare) for the multi-host cluster and tests (slurm/testing/hosts.sh);
+# those also need a kernel with veth, bridge and tbf (sch_tbf) and root in a privileged environment.
+PACKAGES=(munge slurmctld slurmd slurm-client iproute2 util-linux)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -5,7 +5,7 @@
 # shared memory); traffic between hosts crosses the kernel's veth + bridge and is shaped by Linux
 # traffic control, so the ranks of one host share its link as they share a node's NIC.
 #
-#   slurm/testing/hosts.sh up N [--rate 200mbit] [--delay 0us]   make hosts 1..N (idempotent)
+#   slurm/testing/hosts.sh up N [--rate 1gbit] [--delay 0us]     make hosts 1..N (idempotent)
 #   slurm/testing/hosts.sh exec I CMD [ARG...]   run CMD on host I (its namespace and hostname)
 #   slurm/testing/hosts.sh check [--mbytes 50]   send data host 1 -> host 2: rate and drops
 #   slurm/testing/hosts.sh list                  the hosts, their addresses and shaping
@@ -43,7 +43,7 @@ MTU_BYTES=1500
 
 die() { echo "hosts.sh: $*" >&2; exit 1; }
 need_root() {
-  [ "$(id -u)" -eq 0 ] || die "namespaces, links and qdiscs need root; run it as root (e.g. sudo $0 $*)"
+  [ "$(id -u)" -eq 0 ] || die "namespaces, links and qdiscs need root; run it as root (e.g. sudo $0 ${ALL_ARGS[*]})"
 }
 ns_of() { echo "$PREFIX-h$1"; }
 peer_of() { echo "$PREFIX-h$1v"; }
@@ -218,6 +218,7 @@ cmd_exec() {
 }
 
 cmd_list() {
+  need_root list
   local h
   for h in $(hosts_now); do
     echo "$(ns_of "$h") $(addr_of "$h")"
@@ -307,6 +308,7 @@ PY
   }'
 }
 
+ALL_ARGS=("$@")  # need_root's suggestion repeats the whole command
 case "${1:-}" in
   up) shift; cmd_up "$@" ;;
   down) shift; cmd_down "$@" ;;

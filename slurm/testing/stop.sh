@@ -8,6 +8,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/common.sh"
 keep=0
 [ "${1:-}" = --keep ] && keep=1
+# Every slurmd this cluster's directory has a pid file of, whatever OPTCC_SLURM_HOSTS says now: a
+# two-node cluster stopped without it set still has its slurmd-<node> daemons stopped.
+for f in "$SLURM_DIR"/run/slurmd*.pid; do
+  [ -e "$f" ] || continue
+  d=$(basename "$f" .pid)
+  [[ " ${DAEMONS[*]} " == *" $d "* ]] || DAEMONS+=("$d")
+done
 
 # Waits up to $2 seconds for process $1 to end.
 wait_gone() {
