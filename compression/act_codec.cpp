@@ -256,12 +256,22 @@ void register_builtin_act_codecs(Registry<ActCodec>& registry) {
                    return std::make_unique<QuantCodec>(bits, hidden);
                  });
   }
+  registry.add("hadamard",
+               "Walsh-Hadamard rotation of each tile, then 3/4/8-bit codes per tile with fp32 scales (options: "
+               "hidden, tile, bits)",
+               [](const YAML::Node& options) -> std::unique_ptr<ActCodec> {
+                 OptionReader o("hadamard", options, {"hidden", "tile", "bits"});
+                 const int64_t hidden =
+                     o.positive("hidden", o.require<int64_t>("hidden", "the message's hidden size, cut into tiles"));
+                 return std::make_unique<HadamardCodec>(static_cast<int>(o.get<int64_t>("bits", 4)), hidden,
+                                                        o.get<int64_t>("tile", 64));
+               });
   registry.add("topk", "the k largest entries and their int64 indices (options: fraction or count)", make_topk);
 }
 
 YAML::Node act_codec_options(const std::string& name, const YAML::Node& options, const MessageShape& shape) {
   static const std::map<std::string, void (*)(YAML::Node&, const MessageShape&)> sizes = {
-      {"lowrank", lowrank_sizes}, {"int8", quant_sizes}, {"int4", quant_sizes}};
+      {"lowrank", lowrank_sizes}, {"int8", quant_sizes}, {"int4", quant_sizes}, {"hadamard", quant_sizes}};
   if (options && !options.IsNull() && !options.IsMap()) return options;  // make_act_codec() refuses it
   YAML::Node o = options && options.IsMap() ? YAML::Clone(options) : YAML::Node(YAML::NodeType::Map);
   const auto it = sizes.find(name);

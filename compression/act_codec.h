@@ -125,7 +125,7 @@ class ActCodec {
   Payload last_payload_;
 };
 
-/// Adds none, fp16, bf16, lowrank, int8, int4 and topk (codecs.h documents each one's options).
+/// Adds none, fp16, bf16, lowrank, int8, int4, hadamard and topk (codecs.h documents each one's options).
 void register_builtin_act_codecs(Registry<ActCodec>& registry);
 /// The registry of the built-in codecs (filled once).
 const Registry<ActCodec>& act_codec_registry();
@@ -144,7 +144,7 @@ struct MessageShape {
 };
 /// `options` (a map or null; not modified) plus the sizes codec `name` takes from the message
 /// where the user set none: lowrank takes hidden (view token_major) or seq_len and micro_batch (view
-/// reference); int8 and int4 take hidden; the others take none. Each codec states this next to its
+/// reference); int8, int4 and hadamard take hidden; the others take none. Each codec states this next to its
 /// factory, so callers never branch on a codec's name. An unknown `name` returns `options`
 /// unchanged (make_act_codec() then names it).
 YAML::Node act_codec_options(const std::string& name, const YAML::Node& options, const MessageShape& shape);

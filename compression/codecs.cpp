@@ -270,6 +270,84 @@ void QuantCodec::decode_impl(const Payload& p, torch::Tensor& out) const {
   });
 }
 
+// --- hadamard -----------------------------------------------------------------------------------
+
+HadamardCodec::HadamardCodec(int bits, int64_t hidden, int64_t tile) : bits_(bits), hidden_(hidden), tile_(tile) {
+  if (bits != 3 && bits != 4 && bits != 8) {
+    throw std::invalid_argument(fmt::format("hadamard codec: option 'bits' is {} (known: 3, 4, 8)", bits));
+  }
+  if (hidden <= 0) throw std::invalid_argument(fmt::format("hadamard codec: hidden must be positive, got {}", hidden));
+  if (tile < 8 || (tile & (tile - 1)) != 0 || hidden % tile != 0) {
+    const int64_t power = hidden & -hidden;  // the largest power of two dividing hidden
+    throw std::invalid_argument(fmt::format(
+        "hadamard codec: option 'tile' is {}: it must be a power of two, at least 8, dividing hidden = {} ({})", tile,
+        hidden, power >= 8 ? fmt::format("e.g. tile: {}", std::min<int64_t>(power, 64)) : "there is none: use int8 or int4"));
+  }
+}
+
+int64_t HadamardCodec::tiles(int64_t numel) const {
+  if (numel <= 0 || numel % hidden_ != 0) {
+    throw std::invalid_argument(
+        fmt::format("hadamard codec: {} elements are not a positive multiple of hidden = {}", numel, hidden_));
+  }
+  return numel / tile_;
+}
+
+std::vector<std::vector<int64_t>> HadamardCodec::wire_shapes(int64_t numel) const {
+  const int64_t t = tiles(numel);
+  return {{t, tile_ * bits_ / 8}, {t, 2}};
+}
+
+std::vector<torch::ScalarType> HadamardCodec::wire_dtypes(int64_t) const { return {torch::kByte, torch::kFloat}; }
+
+CommStep HadamardCodec::encode_arithmetic(int64_t numel, bool with_error) const {
+  const double rotation = double(numel) * (std::log2(double(tile_)) + 1.0);
+  return arithmetic_step(name(), rotation * (with_error ? 2.0 : 1.0), 8.0 * double(numel), "encode");
+}
+
+CommStep HadamardCodec::decode_arithmetic(int64_t numel) const {
+  return arithmetic_step(name(), double(numel) * (std::log2(double(tile_)) + 1.0), 8.0 * double(numel), "decode");
+}
+
+Payload HadamardCodec::encode_impl(const torch::Tensor& x) {
+  const int64_t numel = x.numel(), t = tiles(numel), row_bytes = tile_ * bits_ / 8;
+  const auto host = x.to(torch::kCPU).contiguous();
+  auto q = torch::empty({t, row_bytes}, torch::kByte);
+  auto meta = torch::empty({t, 2}, torch::kFloat);  // {scale, lo} per tile
+  const float levels = static_cast<float>((1 << bits_) - 1);
+  const float* px = host.data_ptr<float>();
+  float* pm = meta.data_ptr<float>();
+  uint8_t* pq = q.data_ptr<uint8_t>();
+  std::vector<float> y(tile_);
+  std::vector<uint8_t> codes(tile_);
+  for (int64_t i = 0; i < t; ++i) {
+    std::copy(px + i * tile_, px + (i + 1) * tile_, y.begin());
+    kernels::hadamard_transform(y.data(), tile_);
+    const RowGrid g = row_grid(y.data(), tile_, levels);
+    pm[2 * i] = g.scale, pm[2 * i + 1] = g.lo;
+    kernels::quantize(y.data(), tile_, g.lo, 1.0f / g.safe, levels, codes.data());
+    kernels::pack_bits(codes.data(), tile_, bits_, pq + i * row_bytes);
+  }
+  return {{q.to(x.device()), meta.to(x.device())}};
+}
+
+void HadamardCodec::decode_impl(const Payload& p, torch::Tensor& out) const {
+  const auto q = p.parts[0].to(torch::kCPU).contiguous();
+  const auto meta = p.parts[1].to(torch::kCPU).contiguous();
+  const int64_t row_bytes = tile_ * bits_ / 8;
+  fill_on_host(out, [&](torch::Tensor& y) {
+    const uint8_t* pq = q.data_ptr<uint8_t>();
+    const float* pm = meta.data_ptr<float>();
+    float* py = y.data_ptr<float>();
+    std::vector<uint8_t> codes(tile_);
+    for (int64_t i = 0; i < meta.size(0); ++i) {
+      kernels::unpack_bits(pq + i * row_bytes, tile_, bits_, codes.data());
+      kernels::dequantize(codes.data(), tile_, pm[2 * i], pm[2 * i + 1], py + i * tile_);
+      kernels::hadamard_transform(py + i * tile_, tile_);
+    }
+  });
+}
+
 // --- topk ---------------------------------------------------------------------------------------
 
 int64_t TopKCodec::k_for(int64_t numel) const {

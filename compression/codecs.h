@@ -40,8 +40,23 @@
 //            magnitude: the smallest indices; NaN ranks above +inf); decode writes zeros elsewhere
 //            and throws std::invalid_argument on an index outside [0, numel). Found by selection
 //            (a threshold pass and nth_element on the candidates, raw_loops.h), not a sort.
-// int8, int4 and topk run raw loops on the CPU (raw_loops.h); parts on another device go through
-// host copies.
+//   hadamard Tile-wise Hadamard rotation, then group quantisation: a stateless quantiser of pipeline
+//            messages (the scheme of TAH-Quant, arXiv 2506.01352). Options: hidden (required;
+//            pipeline configs take the model's), tile (a power of two ≥ 8 dividing hidden, default
+//            64), bits (3, 4 or 8, default 4). Each token's hidden vector is cut into tiles of
+//            `tile` elements; a tile x is rotated, y = H·x/√tile (H the Walsh–Hadamard matrix:
+//            raw_loops.h hadamard_transform, O(tile·log tile), no matrix is formed), y is quantised
+//            as an int8 row with 2^bits − 1 levels (the same grid, zero point and rounding), and
+//            decoded as H·ŷ/√tile. Parts: codes uint8 [tiles, tile·bits/8] (each tile's codes
+//            packed least significant bit first, raw_loops.h pack_bits), {scale, lo} fp32
+//            [tiles, 2], tiles = numel/tile: bits/8 + 8/tile bytes per element (0.625 at 4 bits,
+//            tile 64: 6.4x less than fp32). The rotation is orthonormal, so a tile's error has the
+//            norm of its error in the rotated domain: ‖error_tile‖ ≤ √tile·scale/2 and
+//            ≤ ‖x_tile‖, hence ‖error‖ ≤ ‖x‖ (plus fp32 rounding of the two rotations). The
+//            rotation spreads one large element over the whole tile, so the scale follows the
+//            tile's norm (≤ 2‖x_tile‖/levels) instead of its largest element.
+// int8, int4, hadamard and topk run raw loops on the CPU (raw_loops.h); parts on another device go
+// through host copies.
 #pragma once
 
 #include "compression/act_codec.h"
@@ -131,6 +146,33 @@ class QuantCodec : public ActCodec {
   int64_t rows(int64_t numel) const;
   int bits_;
   int64_t hidden_;
+};
+
+/// hadamard (the header's list).
+class HadamardCodec : public ActCodec {
+ public:
+  /// bits ∈ {3, 4, 8}; tile a power of two ≥ 8 dividing hidden (std::invalid_argument otherwise).
+  HadamardCodec(int bits, int64_t hidden, int64_t tile);
+  std::string name() const override { return "hadamard"; }
+  std::vector<std::vector<int64_t>> wire_shapes(int64_t numel) const override;
+  torch::ScalarType wire_dtype() const override { return torch::kByte; }
+  std::vector<torch::ScalarType> wire_dtypes(int64_t numel) const override;
+  /// The two rotations count log2(tile) + 1 FLOPs per element each (butterflies and the 1/√tile).
+  CommStep encode_arithmetic(int64_t numel, bool with_error) const override;
+  CommStep decode_arithmetic(int64_t numel) const override;
+  std::unique_ptr<ActCodec> clone() const override { return std::make_unique<HadamardCodec>(*this); }
+  int bits() const { return bits_; }
+  int64_t tile() const { return tile_; }
+
+ protected:
+  Payload encode_impl(const torch::Tensor& x) override;
+  void decode_impl(const Payload& p, torch::Tensor& out) const override;
+
+ private:
+  int64_t tiles(int64_t numel) const;  // numel / tile; throws unless numel is a multiple of hidden
+  int bits_;
+  int64_t hidden_;
+  int64_t tile_;
 };
 
 class TopKCodec : public ActCodec {

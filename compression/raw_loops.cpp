@@ -116,6 +116,60 @@ OPTCC_SIMD_CLONES void dequantize(const uint8_t* q, int64_t n, float scale, floa
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<float>(q[i]) * scale + lo;
 }
 
+void hadamard_transform(float* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * h) {
+      float* a = x + i;
+      float* b = x + i + h;
+      for (int64_t j = 0; j < h; ++j) {
+        const float u = a[j], v = b[j];
+        a[j] = u + v;
+        b[j] = u - v;
+      }
+    }
+  }
+  const float s = 1.0f / std::sqrt(static_cast<float>(n));
+  for (int64_t i = 0; i < n; ++i) x[i] *= s;
+}
+
+void pack_bits(const uint8_t* q, int64_t n, int bits, uint8_t* out) {
+  if (bits == 8) {
+    std::memcpy(out, q, static_cast<size_t>(n));
+    return;
+  }
+  uint32_t acc = 0;
+  int have = 0;  // bits waiting in acc
+  for (int64_t i = 0; i < n; ++i) {
+    acc |= static_cast<uint32_t>(q[i]) << have;
+    have += bits;
+    while (have >= 8) {
+      *out++ = static_cast<uint8_t>(acc & 255u);
+      acc >>= 8;
+      have -= 8;
+    }
+  }
+  if (have > 0) *out = static_cast<uint8_t>(acc & 255u);
+}
+
+void unpack_bits(const uint8_t* p, int64_t n, int bits, uint8_t* q) {
+  if (bits == 8) {
+    std::memcpy(q, p, static_cast<size_t>(n));
+    return;
+  }
+  const uint32_t mask = (1u << bits) - 1u;
+  uint32_t acc = 0;
+  int have = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (have < bits) {
+      acc |= static_cast<uint32_t>(*p++) << have;
+      have += 8;
+    }
+    q[i] = static_cast<uint8_t>(acc & mask);
+    acc >>= bits;
+    have -= bits;
+  }
+}
+
 OPTCC_SIMD_CLONES void pack_nibbles(const uint8_t* q, int64_t n, uint8_t* out) {
   for (int64_t i = 0; i < n / 2; ++i) out[i] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
 }

@@ -39,6 +39,19 @@ void pack_nibbles(const uint8_t* q, int64_t n, uint8_t* out);
 /// y[2i] = (p[i] & 15)·scale + lo, y[2i+1] = (p[i] >> 4)·scale + lo, for i < pairs.
 void dequantize_nibbles(const uint8_t* p, int64_t pairs, float scale, float lo, float* y);
 
+// ---- Walsh–Hadamard rotation and bit packing (hadamard codec) ---------------------------------------
+
+/// x[0..n) ← H·x / √n in place, H the n×n Walsh–Hadamard matrix in Sylvester order (n a power of
+/// two, n ≥ 1): an orthonormal, symmetric transform, so it is its own inverse and keeps ‖x‖₂.
+/// log2(n) butterfly passes of n/2 additions and n/2 subtractions, then n multiplications.
+void hadamard_transform(float* x, int64_t n);
+/// Packs n codes of `bits` bits each (1 ≤ bits ≤ 8, every code < 2^bits) into ⌈n·bits/8⌉ bytes,
+/// least significant bit first: code i holds bits [i·bits, (i+1)·bits) of the stream; unused high
+/// bits of the last byte are 0.
+void pack_bits(const uint8_t* q, int64_t n, int bits, uint8_t* out);
+/// The inverse of pack_bits: q[0..n) from ⌈n·bits/8⌉ bytes.
+void unpack_bits(const uint8_t* p, int64_t n, int bits, uint8_t* q);
+
 // ---- selection (topk) ----------------------------------------------------------------------------
 
 /// Indices of the k largest |x[i]| (0 ≤ k ≤ n), written to idx[0..k) in increasing index order.

@@ -261,8 +261,8 @@ YAML::Node codec_options(const CodecCase& c) {
   if (c.codec == "lowrank") {
     o["rank"] = c.rank;
     o["hidden"] = c.cols;
-  } else if (c.codec == "int8" || c.codec == "int4") {
-    o["hidden"] = c.cols;
+  } else if (c.codec == "int8" || c.codec == "int4" || c.codec == "hadamard") {
+    o["hidden"] = c.cols;  // hadamard: tiles of its default 64
   } else if (c.codec == "topk") {
     o["fraction"] = 0.01;
   }
@@ -276,6 +276,7 @@ double codec_touch_per_element(const std::string& codec, bool encode) {
   if (codec == "lowrank") return encode ? 8.0 : 4.0;
   if (codec == "int8") return 5.0;
   if (codec == "int4") return 4.5;
+  if (codec == "hadamard") return 4.5 + 8.0 / 64;  // fp32 in, 4-bit codes and two fp32 per 64-element tile out
   if (codec == "topk") return 4.0 + 12.0 * 0.01;
   return 4.0;
 }

@@ -1,5 +1,6 @@
 // Point-to-point activation codecs (compression/act_codec.h, codecs.h): closed-form expectations,
 // no communication.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 #include <yaml-cpp/yaml.h>
@@ -13,6 +14,7 @@
 
 #include "compression/act_codec.h"
 #include "compression/codecs.h"
+#include "compression/raw_loops.h"
 
 namespace optcc {
 namespace {
@@ -230,6 +232,85 @@ TEST(QuantCodec, ExactOnTheGridAndPacksTwoInt4PerByte) {
   EXPECT_THROW(codec->encode(torch::zeros({6})), std::invalid_argument);  // 6 % 4 != 0
 }
 
+// --- hadamard -----------------------------------------------------------------------------------
+
+// The rotation: H/√n applied to the unit vector e_k is column k of H over √n, entries
+// (−1)^popcount(i & k)/√n (Sylvester order); applied twice it is the identity; it keeps ‖x‖.
+TEST(HadamardCodec, RotationIsTheNormalisedWalshHadamardMatrixAndItsOwnInverse) {
+  for (const int64_t n : {1, 2, 8, 64, 1024}) {
+    for (const int64_t k : {int64_t(0), n / 2, n - 1}) {
+      std::vector<float> e(n, 0.0f);
+      e[k] = 1.0f;
+      kernels::hadamard_transform(e.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = (__builtin_popcountll(static_cast<unsigned long long>(i & k)) % 2 ? -1.0 : 1.0) /
+                            std::sqrt(double(n));
+        ASSERT_NEAR(e[i], want, 1e-7) << "n " << n << " k " << k << " i " << i;
+      }
+    }
+    auto x = randn({n}, 60 + n);
+    const auto x0 = x.clone();
+    kernels::hadamard_transform(x.data_ptr<float>(), n);
+    EXPECT_NEAR(x.norm().item<double>(), x0.norm().item<double>(), 1e-5 * x0.norm().item<double>()) << n;
+    kernels::hadamard_transform(x.data_ptr<float>(), n);
+    EXPECT_LE(max_abs(x - x0), 1e-6 * std::max(1.0, max_abs(x0))) << n;
+  }
+}
+
+// pack_bits: code i in bits [i·bits, (i+1)·bits) of a little-endian stream; unpack_bits inverts it.
+TEST(HadamardCodec, BitPackingLaysCodesOutLeastSignificantBitFirst) {
+  const std::vector<uint8_t> codes = {1, 2, 3, 4, 5, 6, 7, 0};
+  std::vector<uint8_t> out(3, 0xff);
+  kernels::pack_bits(codes.data(), 8, 3, out.data());
+  EXPECT_EQ(out, (std::vector<uint8_t>{209, 88, 31}));  // 0b11'010'001, ...: worked by hand
+  std::vector<uint8_t> odd(2, 0xff);
+  kernels::pack_bits(std::vector<uint8_t>{5, 3, 7}.data(), 3, 3, odd.data());
+  EXPECT_EQ(odd, (std::vector<uint8_t>{221, 1}));  // 9 bits: the last byte's high 7 bits are 0
+  for (const int bits : {3, 4, 8}) {
+    for (const int64_t n : {1, 7, 8, 13, 64, 1001}) {
+      std::vector<uint8_t> q(n), back(n, 0xff), packed((n * bits + 7) / 8);
+      for (int64_t i = 0; i < n; ++i) q[i] = static_cast<uint8_t>((i * 37 + 11) % (1 << bits));
+      kernels::pack_bits(q.data(), n, bits, packed.data());
+      kernels::unpack_bits(packed.data(), n, bits, back.data());
+      EXPECT_EQ(back, q) << bits << " bits, n " << n;
+    }
+  }
+}
+
+// Per tile, the error is the rotated error rotated back: ‖error_tile‖ ≤ √tile·scale/2 with the
+// tile's scale from the payload, and ≤ ‖x_tile‖; the wire carries tile·bits/8 code bytes and two
+// fp32 per tile; the receiver needs only the options.
+TEST(HadamardCodec, TileErrorWithinHalfAStepOfTheRotatedGridAndThePayloadIsClosedForm) {
+  const int64_t rows = 20, hidden = 48;
+  auto x = randn({rows, hidden}, 61) * torch::linspace(0.1, 3.0, hidden);  // channels of unequal scale
+  x.select(1, 5).mul_(40.0f);                                               // and an outlier channel
+  x = x.reshape({-1});
+  for (const int bits : {3, 4, 8}) {
+    for (const int64_t tile : {8, 16}) {
+      const std::string o = fmt::format("{{hidden: {}, tile: {}, bits: {}}}", hidden, tile, bits);
+      auto codec = make_act_codec("hadamard", opts(o));
+      const int64_t tiles = rows * hidden / tile;
+      EXPECT_EQ(codec->wire_shapes(x.numel()), (std::vector<std::vector<int64_t>>{{tiles, tile * bits / 8}, {tiles, 2}}));
+      EXPECT_EQ(codec->wire_dtypes(x.numel()), (std::vector<torch::ScalarType>{torch::kByte, torch::kFloat}));
+      EXPECT_EQ(codec->payload_bytes(x.numel()), tiles * tile * bits / 8 + tiles * 8) << o;
+      const Payload p = codec->encode(x);
+      const auto y = make_act_codec("hadamard", opts(o))->decode(p, x.numel());  // a receiver's codec
+      EXPECT_LE(max_abs(y + codec->last_error() - x), 1e-6 * max_abs(x)) << o;
+      const auto err = (y - x).view({tiles, tile}).to(torch::kDouble).norm(2, {1});
+      const auto norm = x.view({tiles, tile}).to(torch::kDouble).norm(2, {1});
+      const auto scale = p.parts[1].select(1, 0).to(torch::kDouble);
+      const double slack = 1e-5 * norm.max().item<double>();  // fp32 rounding of the two rotations
+      EXPECT_LE((err - std::sqrt(double(tile)) * scale / 2).max().item<double>(), slack) << o;
+      EXPECT_LE((err - norm).max().item<double>(), slack) << o;
+      EXPECT_GT(err.max().item<double>(), 0.0) << o;  // really quantised
+    }
+  }
+  // Zeros come back as zeros; a message that is not whole rows of hidden is refused.
+  auto codec = make_act_codec("hadamard", opts("{hidden: 16, tile: 8}"));
+  EXPECT_TRUE(torch::equal(codec->decode(codec->encode(torch::zeros({64})), 64), torch::zeros({64})));
+  EXPECT_THROW(codec->encode(torch::zeros({24})), std::invalid_argument);
+}
+
 // --- topk ---------------------------------------------------------------------------------------
 
 TEST(TopKCodec, KeepsExactlyTheKLargestMagnitudes) {
@@ -285,6 +366,7 @@ TEST(ActCodec, DecodeReusesItsOutputOnlyWhenNothingElseHoldsIt) {
     if (name == "none") continue;  // returns its part
     const std::string o = name == "lowrank" ? "{rank: 3, hidden: 12}"
                           : name == "int8" || name == "int4" ? "{hidden: 12}"
+                          : name == "hadamard" ? "{hidden: 48, tile: 16}"
                           : name == "topk" ? "{fraction: 0.25}" : "{}";
     auto codec = make_act_codec(name, opts(o));
     const auto p1 = codec->encode(x1), p2 = codec->encode(x2);
@@ -351,7 +433,9 @@ const std::vector<std::pair<std::string, std::string>> kCodecs = {
     {"none", ""}, {"fp16", ""}, {"bf16", ""},
     {"lowrank", "{rank: 4, hidden: 48}"}, {"lowrank", "{rank: 16, hidden: 48}"},
     {"lowrank", "{rank: 4, hidden: 48, orthogonalize: qr}"}, {"lowrank", "{view: reference, seq_len: 50, micro_batch: 16, rank: 4}"},
-    {"int8", "{hidden: 48}"}, {"int4", "{hidden: 48}"}, {"topk", "{fraction: 0.01}"}, {"topk", "{count: 100}"}};
+    {"int8", "{hidden: 48}"}, {"int4", "{hidden: 48}"}, {"topk", "{fraction: 0.01}"}, {"topk", "{count: 100}"},
+    {"hadamard", "{hidden: 48, tile: 16}"}, {"hadamard", "{hidden: 48, tile: 16, bits: 3}"},
+    {"hadamard", "{hidden: 48, tile: 8, bits: 8}"}};
 
 // ‖decode(encode(x)) − x‖ ≤ ‖x‖ (slack: fp32 rounding of a projection), exact zeros for x = 0,
 // no NaN; and for the low-rank codec a message of rank ≤ r comes back exactly.
@@ -499,7 +583,7 @@ std::string error_of(const std::function<void()>& f) {
 TEST(ActCodecFactory, ErrorsNameTheKnownNamesAndTheBadKey) {
   const auto unknown = error_of([] { make_act_codec("zip", YAML::Node()); });
   EXPECT_NE(unknown.find("unknown activation codec 'zip'; known:"), std::string::npos) << unknown;
-  for (const char* name : {"none", "fp16", "bf16", "lowrank", "int8", "int4", "topk"}) {
+  for (const char* name : {"none", "fp16", "bf16", "lowrank", "int8", "int4", "hadamard", "topk"}) {
     EXPECT_NE(unknown.find(std::string("\n  ") + name + ": "), std::string::npos) << name << " in " << unknown;
   }
   const auto bad_key = error_of([] { make_act_codec("lowrank", opts("{hidden: 8, rnak: 4}")); });
@@ -523,6 +607,19 @@ TEST(ActCodecFactory, ErrorsNameTheKnownNamesAndTheBadKey) {
   EXPECT_THROW(make_act_codec("topk", opts("{fraction: 1.5}")), std::invalid_argument);
 }
 
+TEST(HadamardCodec, OptionsAreCheckedWithTheFix) {
+  EXPECT_NE(error_of([] { make_act_codec("hadamard", opts("{hidden: 64, bits: 5}")); }).find("known: 3, 4, 8"),
+            std::string::npos);
+  const auto not_power = error_of([] { make_act_codec("hadamard", opts("{hidden: 48, tile: 12}")); });
+  EXPECT_NE(not_power.find("power of two, at least 8, dividing hidden = 48 (e.g. tile: 16)"), std::string::npos)
+      << not_power;
+  const auto none = error_of([] { make_act_codec("hadamard", opts("{hidden: 12}")); });
+  EXPECT_NE(none.find("there is none: use int8 or int4"), std::string::npos) << none;
+  EXPECT_NE(error_of([] { make_act_codec("hadamard", opts("{tile: 8}")); }).find("'hidden' is required"),
+            std::string::npos);
+  EXPECT_EQ(make_act_codec("hadamard", opts("{hidden: 256}"))->payload_bytes(256), 4 * 32 + 4 * 8);  // tile 64, 4 bits
+}
+
 TEST(ActCodecContract, RejectsBadInputsAndStaleErrors) {
   auto codec = make_act_codec("fp16", YAML::Node());
   EXPECT_THROW(codec->last_error(), std::logic_error);
@@ -544,6 +641,7 @@ TEST(ActCodecClone, ClonesEncodeAlikeAndIndependently) {
   for (const auto& name : act_codec_names()) {
     const std::string o = name == "lowrank" ? "{rank: 3, hidden: 12}"
                           : name == "int8" || name == "int4" ? "{hidden: 12}"
+                          : name == "hadamard" ? "{hidden: 48, tile: 16}"
                           : name == "topk" ? "{fraction: 0.25}" : "{}";
     auto a = make_act_codec(name, opts(o));
     a->encode(x1);
@@ -571,6 +669,7 @@ TEST(ActCodecOptions, FillOnlyTheSizesACodecTakesAndKeepTheUsers) {
   EXPECT_EQ(keys(act_codec_options("lowrank", YAML::Load("{view: reference}"), shape)),
             (V{"hidden=256", "micro_batch=16", "seq_len=128", "view=reference"}));
   EXPECT_EQ(keys(act_codec_options("int4", YAML::Node(), shape)), (V{"hidden=256"}));
+  EXPECT_EQ(keys(act_codec_options("hadamard", YAML::Load("{bits: 3}"), shape)), (V{"bits=3", "hidden=256"}));
   EXPECT_EQ(keys(act_codec_options("int8", YAML::Load("{hidden: 64}"), shape)), (V{"hidden=64"}));
   EXPECT_EQ(keys(act_codec_options("topk", YAML::Load("{fraction: 0.1}"), shape)), (V{"fraction=0.1"}));
   EXPECT_TRUE(keys(act_codec_options("fp16", YAML::Node(), shape)).empty());

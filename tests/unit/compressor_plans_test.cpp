@@ -171,7 +171,8 @@ TEST(CodecPlans, PayloadAndStateAreWhatTheCodecDeclares) {
   const int64_t numel = 16 * 12;
   for (const auto& name : act_codec_names()) {
     YAML::Node o(YAML::NodeType::Map);
-    if (name == "lowrank" || name == "int8" || name == "int4") o["hidden"] = 16;
+    if (name == "lowrank" || name == "int8" || name == "int4" || name == "hadamard") o["hidden"] = 16;
+    if (name == "hadamard") o["tile"] = 8;
     if (name == "lowrank") o["rank"] = 4;
     if (name == "topk") o["fraction"] = 0.1;
     auto codec = make_act_codec(name, o);

@@ -442,6 +442,7 @@ TEST(PipelineCodecLink, EveryCodecDeliversItsDecodeAndItsPayloadBytes) {
       {"lowrank", opts({{"rank", 3}, {"hidden", kH}})},
       {"int8", opts({{"hidden", kH}})},
       {"int4", opts({{"hidden", kH}})},
+      {"hadamard", opts({{"hidden", kH}, {"tile", 8}, {"bits", 3}})},
       {"topk", opts({{"count", 5}})},
   };
   for (const auto& [name, options] : cases) {
