@@ -150,14 +150,20 @@ std::unique_ptr<ActCodec> LowRankCodec::clone() const {
 
 // --- int8 / int4 --------------------------------------------------------------------------------
 
-int64_t QuantCodec::rows(int64_t numel) const {
-  if (numel <= 0 || numel % hidden_ != 0) {
-    throw std::invalid_argument(fmt::format(
-        "{} codec: {} elements are not a positive multiple of hidden = {}", name(), numel,
-        hidden_));
+namespace {
+
+/// numel / hidden: a message of codec `codec` must be whole rows (tokens) of `hidden` elements.
+int64_t whole_rows(const std::string& codec, int64_t numel, int64_t hidden) {
+  if (numel <= 0 || numel % hidden != 0) {
+    throw std::invalid_argument(
+        fmt::format("{} codec: {} elements are not a positive multiple of hidden = {}", codec, numel, hidden));
   }
-  return numel / hidden_;
+  return numel / hidden;
 }
+
+}  // namespace
+
+int64_t QuantCodec::rows(int64_t numel) const { return whole_rows(name(), numel, hidden_); }
 
 std::vector<std::vector<int64_t>> QuantCodec::wire_shapes(int64_t numel) const {
   const int64_t n = rows(numel);
@@ -285,13 +291,7 @@ HadamardCodec::HadamardCodec(int bits, int64_t hidden, int64_t tile) : bits_(bit
   }
 }
 
-int64_t HadamardCodec::tiles(int64_t numel) const {
-  if (numel <= 0 || numel % hidden_ != 0) {
-    throw std::invalid_argument(
-        fmt::format("hadamard codec: {} elements are not a positive multiple of hidden = {}", numel, hidden_));
-  }
-  return numel / tile_;
-}
+int64_t HadamardCodec::tiles(int64_t numel) const { return whole_rows(name(), numel, hidden_) * (hidden_ / tile_); }
 
 std::vector<std::vector<int64_t>> HadamardCodec::wire_shapes(int64_t numel) const {
   const int64_t t = tiles(numel);
