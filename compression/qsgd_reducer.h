@@ -14,7 +14,9 @@ namespace optcc {
 /// generator state; computed in the quantisation loop itself, so it vectorises). Per bucket,
 /// r = |c_j|·(s/‖c_b‖) with ‖c_b‖ summed in 16 fp32 lanes.
 ///   Message per tensor: N codes int8 + ⌈N/bucket_size⌉ norms fp32 = N + 4⌈N/bucket_size⌉ bytes
-///   (raw when that is ≥ 4N). All tensors' norms and codes in ONE uint8 buffer, one all-gather
+///   (raw when that is ≥ 4N). bits: 4 (levels ≤ 7) packs the codes: each code + 8 in [1, 15], two
+///   per byte (raw_loops.h pack_bits, least significant first): ⌈N/2⌉ + 4⌈N/bucket_size⌉ bytes, the
+///   same values as bits 8 (a 4-bit outer gradient for DiLoCo, harness/train/outer_sync.h). All tensors' norms and codes in ONE uint8 buffer, one all-gather
 ///   (wire (n−1)·Σ bytes). out = Σ_r decode_r ÷ n.
 /// Its error is variance, not bounded by ‖c‖: a bucket of k entries of equal magnitude with √k > s
 /// has E‖decode − c_b‖² = (√k/s − 1)·‖c_b‖² (the worst case for entries below one level), so the
@@ -28,6 +30,7 @@ struct QsgdOptions {
   bool error_feedback = false;  // QSGD is unbiased; EF optional
   int64_t min_numel = 0;
   int64_t seed = 0;  // rank r draws from seed + r
+  int64_t bits = 8;  // bits per code on the wire: 8, or 4 (needs levels <= 7)
   static QsgdOptions from_yaml(const YAML::Node& options);
 };
 

@@ -68,6 +68,7 @@ std::vector<Case> reducer_cases() {
   add("topk", "{count: 3, error_feedback: false}");
   add("randomk", "{fraction: 0.1, min_numel: 64}");
   add("qsgd", "{levels: 4, bucket_size: 64, error_feedback: true}");
+  add("qsgd", "{levels: 7, bucket_size: 64, bits: 4}");
   add("signsgd", "{error_feedback: false, min_numel: 10}");
   for (const auto& scheme : compression_scheme_names()) {  // each scheme's own DP reducer
     CompressionConfig k;

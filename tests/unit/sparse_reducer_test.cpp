@@ -138,6 +138,8 @@ TEST_P(SparseReducers, ByteCountsFollowTheFormulas) {
         {"randomk", "{count: 8}", {32, 32, 32, 32}, all_reduce(128), 1},
         // N + 4·⌈N/512⌉.
         {"qsgd", "{}", {516, 17, 109, 3096}, gather(3738), 1},
+        // bits 4: ⌈N/2⌉ + 4·⌈N/512⌉.
+        {"qsgd", "{bits: 4, levels: 7}", {260, 11, 57, 1560}, gather(1888), 1},
         // ⌈N/8⌉ + 4.
         {"signsgd", "{}", {68, 6, 18, 388}, gather(480), 1},
     };
@@ -160,6 +162,27 @@ TEST_P(SparseReducers, ByteCountsFollowTheFormulas) {
       EXPECT_EQ(meter.at(Traffic::kControl, Link::kIntraNode).bytes, all_reduce(4)) << k.kind;  // non-finite flag
     }
   });
+}
+
+// QSGD's 4-bit wire carries the same codes as its int8 wire: results and error feedback are
+// bit-identical for levels <= 7, at half the code bytes.
+TEST_P(SparseReducers, QsgdFourBitWireEqualsTheInt8Wire) {
+  const int n = GetParam();
+  run_ranks(n, [&](const RankContext& ctx) {
+    auto comm = ctx.world_group();
+    auto eight = make("qsgd", "{levels: 7, bucket_size: 64, error_feedback: true, seed: 3}");
+    auto four = make("qsgd", "{levels: 7, bucket_size: 64, error_feedback: true, seed: 3, bits: 4}");
+    for (int64_t step = 0; step < 2; ++step) {
+      auto a = make_grads(ctx.rank, step), b = make_grads(ctx.rank, step);
+      eight->reduce(a, *comm, step);
+      four->reduce(b, *comm, step);
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "tensor " << i << " step " << step;
+      EXPECT_LT(four->payload_bytes(), eight->payload_bytes() * 6 / 10);
+    }
+    for (size_t i = 0; i < 4; ++i) EXPECT_TRUE(torch::equal(eight->error(i), four->error(i))) << "EF " << i;
+  });
+  EXPECT_THROW(make("qsgd", "{bits: 4}"), std::invalid_argument);  // 16 levels do not fit 4 bits
+  EXPECT_THROW(make("qsgd", "{bits: 2, levels: 1}"), std::invalid_argument);
 }
 
 TEST_P(SparseReducers, RandomKSharesItsIndicesAndAveragesExactlyThere) {
