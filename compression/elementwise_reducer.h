@@ -32,7 +32,7 @@
 // std::invalid_argument naming the compressor, the key, the value and the rule):
 //   topk     fraction 0.01, count 0, error_feedback true, min_numel 0
 //   randomk  fraction 0.01, count 0, error_feedback true, min_numel 0, seed 0
-//   qsgd     levels 16, bucket_size 512, error_feedback false, min_numel 0, seed 0
+//   qsgd     levels 16, bucket_size 512, error_feedback false, min_numel 0, seed 0, bits 8 (or 4)
 //   signsgd  error_feedback true, min_numel 0
 // reduce() throws NonFiniteGradients (step 1) and std::invalid_argument when the gradients differ
 // in count or shape from the list the state belongs to (GradReducer::set_tensors) or, for topk, a

@@ -108,7 +108,7 @@ def print_series(f, path):
         print("\t".join(fmt(v, exact=True) for v in row))
 
 
-TRAFFIC_CLASSES = ["tp", "pp_fwd", "pp_bwd", "dp", "embedding", "control"]
+TRAFFIC_CLASSES = ["tp", "pp_fwd", "pp_bwd", "dp", "embedding", "control", "outer"]  # /traffic class numbers (communicator.h)
 LINKS = ["intra", "inter"]
 
 

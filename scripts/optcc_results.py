@@ -45,10 +45,10 @@ except ImportError as e:
     sys.exit(f"optcc_results: {e}; install python3-h5py python3-numpy python3-yaml (scripts/deps.sh) "
              "or run with /usr/bin/python3")
 
-TRAFFIC_CLASSES = ["tp", "pp_fwd", "pp_bwd", "dp", "embedding", "control"]
-DATA_CLASSES = TRAFFIC_CLASSES[:5]  # what a scheme compresses; control (records, barriers) left out
+TRAFFIC_CLASSES = ["tp", "pp_fwd", "pp_bwd", "dp", "embedding", "control", "outer"]  # /traffic class numbers (communicator.h)
+DATA_CLASSES = TRAFFIC_CLASSES[:5] + ["outer"]  # what a scheme compresses; control (records, barriers) left out
 MEMORY_COMPONENTS = ["parameters", "gradients", "optimizer", "activations_peak", "lep_buffers",
-                     "ef_buffers", "pq_buffers"]
+                     "ef_buffers", "pq_buffers", "outer_state"]  # outer_state: DiLoCo (files before it: 0)
 STATUSES = ["complete", "partial", "failed"]
 # Config keys that name or place a run rather than change what it computes (left out of a
 # configuration, so runs that differ only there and in train.seed are seeds of one configuration).

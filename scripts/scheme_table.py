@@ -47,8 +47,8 @@ def summarise(path):
     # before evaluation traffic was excluded from /traffic counted it there).
     later = (tstep > 1) & ~np.isin(tstep, ev["step"] + 1)
     n = max(1, len(np.unique(tstep[later])))
-    for i, c in enumerate(CLASSES):
-        row[f"{c}_MB_per_step"] = float(tbytes[later & (tcls == i)].sum()) / n / 1e6
+    for c in CLASSES:  # by the class's number in /traffic
+        row[f"{c}_MB_per_step"] = float(tbytes[later & (tcls == R.TRAFFIC_CLASSES.index(c))].sum()) / n / 1e6
     mem = run.table("memory_components")
     if mem:
         row["lep_bytes_per_rank"] = int(mem["lep_buffers"].max()) if len(mem["lep_buffers"]) else 0

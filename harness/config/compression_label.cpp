@@ -50,13 +50,20 @@ std::vector<std::string> acting_settings(const CompressionConfig& c) {
   }
   if (c.embedding.name != "none") out.push_back("embedding=" + spec_label(c.embedding));
   if (c.fused_embedding) out.push_back("fused_embedding");
+  if (c.diloco_on()) {
+    const DilocoConfig& g = c.diloco;
+    out.push_back(fmt::format("dp_strategy=diloco(fragments={},inner_steps={},mix={},nesterov={},outer={},outer_lr={},"
+                              "outer_momentum={},sync_delay={})",
+                              g.fragments, g.inner_steps, g.mix, g.nesterov, spec_label(g.outer), g.outer_lr,
+                              g.outer_momentum, g.sync_delay));
+  }
   return out;
 }
 
 }  // namespace
 
 bool compresses_nothing(const CompressionConfig& c) {
-  return c.dp.name == "none" && c.embedding.name == "none" && !c.fused_embedding &&
+  return c.dp.name == "none" && c.embedding.name == "none" && !c.fused_embedding && !c.diloco_on() &&
          c.pipeline_forward.name == "none" && c.pipeline_backward.name == "none" && c.tp.name == "none";
 }
 
@@ -94,7 +101,7 @@ std::string compression_label(const CompressionConfig& c) {
   static const std::vector<std::string> order = {"tp",        "pipeline_forward", "pipeline_backward",
                                                  "backward_phases", "lep",       "lep_decay",
                                                  "dp",        "dp_stages",        "embedding",
-                                                 "fused_embedding"};
+                                                 "fused_embedding", "dp_strategy"};
   const auto rank = [&](const std::string& w) { return std::find(order.begin(), order.end(), key_of(w)) - order.begin(); };
   std::stable_sort(differ.begin(), differ.end(), [&](const auto& a, const auto& b) { return rank(a) < rank(b); });
   return fmt::format("{} with {}", c.scheme, fmt::join(differ, " "));

@@ -261,6 +261,77 @@ void validate_codec(const Config& c, const std::string& where, const CompressorS
   }
 }
 
+// compression.dp_strategy and the diloco: section (config.h documents the keys).
+void validate_diloco(const Config& c) {
+  const auto& k = c.compression;
+  const DilocoConfig& g = k.diloco;
+  if (k.dp_strategy != "allreduce" && k.dp_strategy != "diloco") {
+    fail("compression.dp_strategy", "'" + k.dp_strategy + "'", "must be allreduce or diloco",
+         "use allreduce (a gradient reducer every step) or diloco (the diloco: section)");
+  }
+  if (!k.diloco_on()) {
+    Config defaults;
+    std::string changed;
+    DilocoConfig mine = g;
+    defaults.compression.diloco.visit([&](const char* key, auto& def) {
+      mine.visit([&](const char* key2, auto& v) {
+        if (std::string(key) != key2) return;
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (!std::is_same_v<T, std::decay_t<decltype(def)>>) {
+          return;  // another key (visit pairs every key with every key)
+        } else if constexpr (std::is_same_v<T, CompressorSpec>) {
+          if (to_yaml_value(v) != to_yaml_value(def) && changed.empty()) changed = key;
+        } else {
+          if (v != def && changed.empty()) changed = key;
+        }
+      });
+    });
+    if (!changed.empty()) {
+      fail("diloco." + changed, "(set)", "is only read when compression.dp_strategy is diloco (it is allreduce)",
+           "set compression.dp_strategy: diloco, or remove the diloco: section");
+    }
+    return;
+  }
+  if (g.inner_steps < 1) {
+    fail("diloco.inner_steps", std::to_string(g.inner_steps), "must be >= 1 (optimizer steps between two syncs)",
+         "use e.g. 16");
+  }
+  const int64_t max_fragments = std::min(g.inner_steps, c.model.num_layers);
+  if (g.fragments < 1 || g.fragments > max_fragments) {
+    fail("diloco.fragments", std::to_string(g.fragments),
+         fmt::format("must be in [1, min(inner_steps, model.num_layers)] = [1, {}] (each fragment holds at least one "
+                     "layer and gets its own sync step in a period)", max_fragments),
+         "use 1 (DiLoCo) or a divisor of the layers, e.g. 2");
+  }
+  if (g.sync_delay < 0 || g.sync_delay >= g.inner_steps) {
+    fail("diloco.sync_delay", std::to_string(g.sync_delay),
+         fmt::format("must be in [0, inner_steps) = [0, {}) (a fragment's update lands before its next sync starts)",
+                     g.inner_steps),
+         "use 0 (apply at once) or a few steps, e.g. 1");
+  }
+  if (!(g.outer_lr > 0)) {
+    fail("diloco.outer_lr", fmt::format("{}", g.outer_lr), "must be > 0", "use e.g. 0.7 (1 with no momentum: the mean of the replicas)");
+  }
+  if (!(g.outer_momentum >= 0 && g.outer_momentum < 1)) {
+    fail("diloco.outer_momentum", fmt::format("{}", g.outer_momentum), "must be in [0, 1)", "use e.g. 0.9, or 0 for none");
+  }
+  if (!(g.mix >= 0 && g.mix <= 1)) {
+    fail("diloco.mix", fmt::format("{}", g.mix), "must be in [0, 1] (the local weights' share of the applied fragment)",
+         "use 0 (DiLoCo) or e.g. 0.5");
+  }
+  validate_reducer("diloco.outer", g.outer);
+  if (k.dp.name != "none") {
+    fail("compression.dp", "'" + k.dp.name + "'",
+         "reduces every step's gradients, and compression.dp_strategy is diloco (the replicas exchange only outer gradients)",
+         "set compression.dp: none and put the compressor under diloco.outer (e.g. {name: qsgd, levels: 7})");
+  }
+  if (k.fused_embedding) {
+    fail("compression.fused_embedding", "true",
+         "fuses the embedding sync into the every-step DP reduction, which compression.dp_strategy: diloco does not run",
+         "set fused_embedding: false (the tied embedding is synced inside each replica; scheme cb, not cb_fe)");
+  }
+}
+
 void validate_compression(const Config& c) {
   const auto& k = c.compression;
   validate_reducer("compression.dp", k.dp);
@@ -303,6 +374,7 @@ void validate_compression(const Config& c) {
   if (k.tp.options && k.tp.options.size() > 0) {
     fail("compression.tp", to_yaml_value(k.tp), "the cast compressors take no options", "give only the name");
   }
+  validate_diloco(c);
 }
 
 // parallel.grad_reduce_dtype: fp32 or compute; with a 16-bit compute dtype `compute` acts on the
@@ -487,7 +559,11 @@ void apply_compression_scheme(CompressionConfig& c, const std::string& name) {
         "leave scheme empty and set the compression keys yourself.",
         name, fmt::join(names, ", ")));
   }
+  const std::string strategy = c.dp_strategy;  // its own axis: a scheme keeps it
+  const DilocoConfig diloco = c.diloco;
   c = CompressionConfig{};
+  c.dp_strategy = strategy;
+  c.diloco = diloco;
   c.scheme = name;
   if (name == "baseline") return;
   // CB: rank-16 low-rank codec on activation gradients, epilogue-only, LEP (docs/design.md §8.1).

@@ -161,6 +161,42 @@ struct CompressorSpec {
 ///   tp                 tensor-parallel all-reduces: none, fp16 or bf16 (cast on the wire).
 ///   scheme             a named row of the paper applied before the other keys of the section:
 ///                      baseline | cb | cb_fe | cb_fe_sc | cb_nonlep (docs/design.md §8.1); "" = none.
+///                      A scheme keeps dp_strategy and the diloco: section as they are.
+///   dp_strategy        how data-parallel replicas agree: `allreduce` (a reducer over the gradients
+///                      of every step, compression.dp) or `diloco` (each replica takes
+///                      diloco.inner_steps optimizer steps alone, then the replicas average their
+///                      outer gradients: the `diloco:` section, harness/train/outer_sync.h).
+///                      diloco needs compression.dp: none and fused_embedding: false.
+
+/// `diloco:` DiLoCo and Streaming DiLoCo across the data-parallel replicas (compression.dp_strategy:
+/// diloco; harness/train/outer_sync.h has the algorithm). Only read under diloco; any key set
+/// otherwise is refused.
+///   inner_steps     H >= 1: optimizer steps each replica takes alone between two syncs of a fragment.
+///   outer_lr        > 0: the outer SGD's learning rate on the averaged outer gradient.
+///   outer_momentum  in [0, 1): the outer SGD's momentum (0: none).
+///   nesterov        Nesterov momentum (needs outer_momentum > 0 to act).
+///   fragments       F in [1, min(H, model.num_layers)]: the model's layers cut into F contiguous
+///                   fragments (embeddings with the first, the final LayerNorm with the last), synced
+///                   on a staggered schedule: fragment f after the steps t with t mod H = floor((f+1)H/F) mod H.
+///                   1 = DiLoCo.
+///   sync_delay      tau in [0, H): a fragment's outer update is applied tau steps after its outer
+///                   gradient was taken (Streaming DiLoCo's overlap); 0 = at once.
+///   mix             alpha in [0, 1]: the applied fragment becomes alpha * local + (1 - alpha) * global
+///                   (0 = the global value, as DiLoCo).
+///   outer           GradReducer (compression/grad_reducer.h) of the outer gradients over the DP group,
+///                   traffic class `outer`: none (fp32), fp16, bf16, qsgd, powersgd, ...
+struct DilocoConfig {
+  int64_t inner_steps = 16;
+  double outer_lr = 0.7;
+  double outer_momentum = 0.9;
+  bool nesterov = true;
+  int64_t fragments = 1;
+  int64_t sync_delay = 0;
+  double mix = 0.0;
+  CompressorSpec outer;
+  template <class V> void visit(V&& v);
+};
+
 struct CompressionConfig {
   std::string scheme = "";
   CompressorSpec dp;
@@ -173,7 +209,10 @@ struct CompressionConfig {
   LepMode lep = LepMode::kLazy;
   double lep_decay = 1.0;
   CompressorSpec tp;
+  std::string dp_strategy = "allreduce";  // allreduce | diloco
+  DilocoConfig diloco;  // the `diloco:` section (a section of its own in the file, for_each_section)
   template <class V> void visit(V&& v);
+  bool diloco_on() const { return dp_strategy == "diloco"; }
   /// backward_phases, lep and lep_decay as the one policy object the pipeline codec and the traffic
   /// model apply.
   PipelinePolicy pipeline_policy() const { return {backward_phases, lep, lep_decay}; }
@@ -184,8 +223,9 @@ std::vector<std::string> compression_scheme_names();
 /// Throws ConfigError naming the known schemes when `name` is unknown.
 void apply_compression_scheme(CompressionConfig& c, const std::string& name);
 
-/// True when the section compresses no traffic class (every compressor `none`, no FE): the
-/// uncompressed baseline, whatever `scheme` says.
+/// True when the section compresses no traffic class (every compressor `none`, no FE) and the
+/// replicas all-reduce every step (dp_strategy allreduce): the uncompressed baseline, whatever
+/// `scheme` says.
 bool compresses_nothing(const CompressionConfig& c);
 
 /// What a run compresses, in one short label: the name a run goes by in the log, the results
@@ -200,6 +240,8 @@ bool compresses_nothing(const CompressionConfig& c);
 ///                      own key names and the compressor's options (keys sorted), space-separated,
 ///                      e.g. `dp=powersgd(rank=4)`, `dp=topk(fraction=0.01) dp_stages=2`,
 ///                      `pipeline_backward=lowrank(rank=8) backward_phases=epilogue lep=off`.
+/// Under dp_strategy: diloco the last word is `dp_strategy=diloco(<every diloco: key, sorted>)`,
+/// e.g. `cb with dp_strategy=diloco(fragments=2,inner_steps=16,...)`.
 /// Settings that act on nothing are left out (lep without a compressed backward, dp_stages with
 /// dp none), so two runs that compress alike get one label.
 std::string compression_label(const CompressionConfig& c);
@@ -260,7 +302,7 @@ std::vector<std::string> network_profile_names();
 /// them (the non-explicit ones) to 0. Throws ConfigError naming the known profiles. load_config()
 /// calls it; code that sets `profile` on a Config must call it too.
 void apply_network_profile(NetworkConfig& n, const std::string& name);
-/// The traffic class names `network.skip` accepts: tp, pp_fwd, pp_bwd, dp, embedding.
+/// The traffic class names `network.skip` accepts: tp, pp_fwd, pp_bwd, dp, embedding, outer (communicator.h).
 std::vector<std::string> network_skip_names();
 struct Config;
 /// The network section's rules (profile known, bandwidths/latencies >= 0, scale > 0, emulate needs

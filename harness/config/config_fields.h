@@ -79,6 +79,18 @@ template <class V> void CompressionConfig::visit(V&& v) {
   v("lep", lep);
   v("lep_decay", lep_decay);
   v("tp", tp);
+  v("dp_strategy", dp_strategy);
+}
+
+template <class V> void DilocoConfig::visit(V&& v) {
+  v("inner_steps", inner_steps);
+  v("outer_lr", outer_lr);
+  v("outer_momentum", outer_momentum);
+  v("nesterov", nesterov);
+  v("fragments", fragments);
+  v("sync_delay", sync_delay);
+  v("mix", mix);
+  v("outer", outer);
 }
 
 template <class V> void NetworkConfig::visit(V&& v) {
@@ -117,6 +129,7 @@ template <class F> void for_each_section(Config& c, F&& f) {
   f("train", c.train);
   f("data", c.data);
   f("compression", c.compression);
+  f("diloco", c.compression.diloco);
   f("network", c.network);
   f("log", c.log);
   f("checkpoint", c.checkpoint);

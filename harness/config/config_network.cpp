@@ -50,7 +50,7 @@ std::vector<std::string> network_profile_names() {
   return names;
 }
 
-std::vector<std::string> network_skip_names() { return {"tp", "pp_fwd", "pp_bwd", "dp", "embedding"}; }
+std::vector<std::string> network_skip_names() { return {"tp", "pp_fwd", "pp_bwd", "dp", "embedding", "outer"}; }
 
 void apply_network_profile(NetworkConfig& n, const std::string& name) {
   NetworkProfile values{"", 0.0, 0.0, 0.0, 0.0};  // "" resets the keys the profile controls

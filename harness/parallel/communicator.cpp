@@ -36,6 +36,7 @@ const char* traffic_name(Traffic t) {
     case Traffic::kDataParallel: return "dp";
     case Traffic::kEmbedding: return "embedding";
     case Traffic::kControl: return "control";
+    case Traffic::kOuter: return "outer";
   }
   return "?";
 }

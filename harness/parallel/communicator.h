@@ -59,10 +59,13 @@
 namespace optcc {
 
 /// Traffic classes of 3D-parallel training (docs/design.md §9 rows), plus kControl for the few scalars of
-/// bookkeeping (global gradient norm, loss averaging, checks) that docs/design.md §9 leaves out.
-enum class Traffic { kTensorParallel, kPipelineForward, kPipelineBackward, kDataParallel, kEmbedding, kControl };
-constexpr int kNumTraffic = 6;
-const char* traffic_name(Traffic t);  // "tp", "pp_fwd", "pp_bwd", "dp", "embedding", "control"
+/// bookkeeping (global gradient norm, loss averaging, checks) that docs/design.md §9 leaves out, and
+/// kOuter: DiLoCo's outer-gradient exchange across data-parallel replicas (compression.dp_strategy:
+/// diloco, harness/train/outer_sync.h). The numbers are stored in results files (/traffic's `class`
+/// column): a new class takes the next number, existing ones never move.
+enum class Traffic { kTensorParallel, kPipelineForward, kPipelineBackward, kDataParallel, kEmbedding, kControl, kOuter };
+constexpr int kNumTraffic = 7;
+const char* traffic_name(Traffic t);  // "tp", "pp_fwd", "pp_bwd", "dp", "embedding", "control", "outer"
 const char* link_name(Link l);        // "intra", "inter"
 
 struct TrafficCounters {

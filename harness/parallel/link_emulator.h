@@ -35,7 +35,7 @@
 // MAX all-reduce), and every member completes no earlier than s + ring time. So the DP all-reduces
 // of the TP ranks of one node contend for its NIC: the second waits for the first.
 //
-// What is emulated: traffic classes tp, pp_fwd, pp_bwd, dp, embedding. kControl (the few
+// What is emulated: traffic classes tp, pp_fwd, pp_bwd, dp, embedding, outer. kControl (the few
 // bookkeeping scalars and the per-step record gather) is never delayed. The emulation's own small
 // messages (headers, agreement all-reduces) are not counted as traffic.
 //

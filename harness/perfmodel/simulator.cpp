@@ -199,6 +199,12 @@ struct PlanBuilder {
       steps(ops, g.embedding_steps, group, Category::kEmbedding, "embedding: ");
     }
     compute(ops, in.stages[co.pp].optimizer_s, Category::kOther, "optimizer");
+    if (in.outer_fragment >= 0) {  // after the optimizer step, as OuterSync::after_step
+      steps(ops, g.outer_steps.at(in.outer_fragment), layout.dp_group(r), Category::kDataParallel, "outer: ");
+      if (in.outer_fragment == 0 && !g.tied_copy_steps.empty()) {
+        steps(ops, g.tied_copy_steps, layout.embedding_group(r), Category::kEmbedding, "outer: ");
+      }
+    }
     return ops;
   }
 };
@@ -444,6 +450,7 @@ SimInputs make_sim_inputs(const Config& cfg, const HardwareProfile& hw, const Si
   in.links = hw.links;
   in.schedule = cfg.parallel.schedule;
   in.fused_embedding = cfg.compression.fused_embedding;
+  in.outer_inner_steps = cfg.compression.diloco_on() ? cfg.compression.diloco.inner_steps : 0;
   in.hw = hw;
   return in;
 }
@@ -468,6 +475,40 @@ SimResult replay(const SimInputs& in) {
   return res;
 }
 
+SimResult replay_period(SimInputs in) {
+  in.outer_fragment = -1;
+  SimResult plain = replay(in);
+  if (in.outer_inner_steps <= 0 || in.traffic.stages.empty()) return plain;
+  const int64_t H = in.outer_inner_steps, F = static_cast<int64_t>(in.traffic.stages[0].outer_steps.size());
+  SimResult mean = plain;
+  const auto scale = [](auto& a, double w) {
+    for (auto& x : a) x *= w;
+  };
+  mean.iteration_s *= static_cast<double>(H - F);
+  scale(mean.breakdown_s, static_cast<double>(H - F));
+  scale(mean.critical_path_s, static_cast<double>(H - F));
+  std::string syncs;
+  for (int64_t f = 0; f < F; ++f) {
+    in.outer_fragment = static_cast<int>(f);
+    const SimResult r = replay(in);
+    mean.iteration_s += r.iteration_s;
+    for (int c = 0; c < kNumCategories; ++c) {
+      mean.breakdown_s[c] += r.breakdown_s[c];
+      mean.critical_path_s[c] += r.critical_path_s[c];
+    }
+    mean.operations += r.operations;
+    syncs += fmt::format("{}{:.4g}", f ? ", " : "", r.iteration_s);
+  }
+  mean.iteration_s /= static_cast<double>(H);
+  scale(mean.breakdown_s, 1.0 / static_cast<double>(H));
+  scale(mean.critical_path_s, 1.0 / static_cast<double>(H));
+  mean.notes.push_back(fmt::format(
+      "dp_strategy diloco: the mean iteration of a period of {} ({} without an outer exchange, {:.4g} s each; the "
+      "sync iterations of the {} fragment{}: {} s); the critical path shown is the plain iteration's",
+      H, H - F, plain.iteration_s, F, F == 1 ? "" : "s", syncs));
+  return mean;
+}
+
 std::vector<SchemeSimulation> simulate_schemes(const Config& cfg, const HardwareProfile& hw, const SimOptions& o,
                                                const std::vector<std::string>& schemes) {
   std::vector<SchemeSimulation> out;
@@ -475,7 +516,7 @@ std::vector<SchemeSimulation> simulate_schemes(const Config& cfg, const Hardware
     Config v = detached_copy(cfg);
     if (name != "config") apply_compression_scheme(v.compression, name);
     SimInputs in = make_sim_inputs(v, hw, o);
-    SchemeSimulation s{name, replay(in), std::move(in.traffic)};
+    SchemeSimulation s{name, replay_period(in), std::move(in.traffic)};
     if (cfg.network.emulate || !cfg.network.skip.empty() || cfg.network.scale != 1.0) {
       s.result.notes.push_back(fmt::format("the config's network section (emulate, scale, skip) is not used: links "
                                            "come from profile {}", hw.name));

@@ -64,6 +64,10 @@ struct SimInputs {
   std::string schedule = "1f1b";     // parallel.schedule
   bool fused_embedding = false;      // FE: the embedding group is fused_embedding_group()
   HardwareProfile hw;                // compressor and memory rates
+  /// dp_strategy: diloco: H (diloco.inner_steps; 0 under allreduce), and the fragment whose outer
+  /// sync the replayed iteration carries (-1: none). replay_period() sets it per iteration.
+  int64_t outer_inner_steps = 0;
+  int outer_fragment = -1;
 };
 
 /// The iteration of `cfg` on `hw`: the layout's nodes are hw.devices_per_node ranks (the config's
@@ -100,6 +104,12 @@ struct SimResult {
 
 /// Replays one iteration. Throws std::logic_error when the plans deadlock (a bug).
 SimResult replay(const SimInputs& in);
+/// The mean iteration: replay() under allreduce; under dp_strategy: diloco the mean over a period
+/// of H iterations: H - F without an outer exchange and one sync iteration per fragment (the
+/// exchange blocking, as the run issues it; harness/train/outer_sync.h). iteration_s, breakdown_s
+/// and critical_path_s are the period's means; critical_path and critical_rank are the plain
+/// iteration's; a note says so.
+SimResult replay_period(SimInputs in);
 
 struct SchemeSimulation {
   std::string scheme;  // a compression.scheme name, or "config" (the config's own compression)

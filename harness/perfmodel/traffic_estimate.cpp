@@ -18,6 +18,7 @@
 #include "compression/options.h"
 #include "harness/parallel/schedule.h"
 #include "harness/train/grad_sync.h"
+#include "harness/train/outer_sync.h"
 
 namespace optcc {
 namespace {
@@ -311,6 +312,10 @@ void stage_dp_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEstimate&
   const int64_t d = e.dims.dp;
   g.compresses_dp = stage_compresses_dp(k.dp_stages, st, e.dims.pp, k.dp.name != "none", /*auto: modelled as all*/ true);
   g.dp_reducer = g.compresses_dp ? spec_text(k.dp) : "none";
+  if (k.diloco_on()) {  // no per-step DP reduction (grad_sync.h); the outer step is stage_outer_bytes'
+    g.dp_reducer = "(diloco)";
+    return;
+  }
   const auto reducer = build_reducer([&] { return make_dp_reducer(cfg, g.compresses_dp); }, "compression.dp", k.dp);
   ReducerPlan plan = reducer->plan(dp_shapes, plan_context(o, d));
   g.dp = sent_bytes(plan.steps, d);
@@ -350,6 +355,44 @@ void stage_embedding_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEs
   g.embedding_steps = std::move(plan.steps);
 }
 
+// dp_strategy: diloco (harness/train/outer_sync.h): each fragment's outer reducer over its parameters
+// once per period of H steps, and the tied copy's broadcast when fragment 0 lands; per step, the
+// period's bytes ÷ H (rounded down).
+void stage_outer_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEstimate& e, const StageInputs& in,
+                       const TrafficModelOptions& o, int64_t st) {
+  const auto& k = cfg.compression;
+  if (!k.diloco_on()) return;
+  const int64_t d = e.dims.dp, F = k.diloco.fragments, H = k.diloco.inner_steps;
+  const bool tied_copy = st == e.dims.pp - 1 && st > 0;
+  const auto counts = cfg.stage_layer_counts();
+  int64_t first_layer = 0;
+  for (int64_t i = 0; i < st; ++i) first_layer += counts[i];
+  std::vector<std::vector<std::vector<int64_t>>> shapes(F);
+  for (const auto& prm : stage_parameter_shapes(cfg, static_cast<int>(st))) {
+    if (prm.word_embedding && tied_copy) continue;
+    shapes[outer_fragment_of(prm.name, first_layer, cfg.model.num_layers, F)].push_back(prm.shape);
+  }
+  int64_t period = 0;
+  g.outer_steps.assign(F, {});
+  for (int64_t f = 0; f < F; ++f) {
+    if (shapes[f].empty()) continue;
+    const auto reducer = build_reducer(
+        [&] {
+          Registry<GradReducer> registry;
+          register_builtin_grad_reducers(registry);
+          return registry.create(k.diloco.outer.name, k.diloco.outer.options);
+        },
+        "diloco.outer", k.diloco.outer);
+    g.outer_steps[f] = reducer->plan(shapes[f], plan_context(o, d)).steps;
+    period += sent_bytes(g.outer_steps[f], d);
+  }
+  g.outer = period / H;
+  if (g.holds_word_embedding && e.dims.pp > 1) {
+    g.tied_copy_steps = {collective_step(CollectiveKind::kBroadcast, in.emb_elements * 4, "tied copy broadcast")};
+    g.embedding += sent_bytes(g.tied_copy_steps, 2) / H;
+  }
+}
+
 StageTrafficEstimate estimate_stage(const Config& cfg, TrafficEstimate& e, const StageInputs& in,
                                     const TrafficModelOptions& o, int64_t st) {
   const auto& k = cfg.compression;
@@ -387,6 +430,7 @@ StageTrafficEstimate estimate_stage(const Config& cfg, TrafficEstimate& e, const
   stage_pp_bytes(g, cfg, e, in, st);
   stage_dp_bytes(g, cfg, e, in, o, st, dp_shapes);
   stage_embedding_bytes(g, cfg, e, in, o, st);
+  stage_outer_bytes(g, cfg, e, in, o, st);
   return g;
 }
 
@@ -406,6 +450,7 @@ RankTrafficEstimate rank_traffic(const RankLayout& layout, const TrafficEstimate
   add(Traffic::kPipelineBackward, pp_link, g.pp_bwd_send);
   add(Traffic::kPipelineBackward, tp_link, g.pp_bwd_gather);
   add(Traffic::kDataParallel, link(GroupKind::kDataParallel), g.dp);
+  add(Traffic::kOuter, link(GroupKind::kDataParallel), g.outer);
   if (g.embedding > 0) {
     add(Traffic::kEmbedding, link(fused_embedding ? GroupKind::kFusedEmbedding : GroupKind::kEmbedding), g.embedding);
   }

@@ -125,7 +125,8 @@ struct StageTrafficEstimate {
   int64_t backward_sends = 0, backward_compressed = 0;  // messages to stage k-1 per iteration
   int64_t dp = 0;
   int64_t dp_word_embedding_share = 0;  // baseline only: 2(d-1)/d·E·β of the DP all-reduce (docs/design.md §9)
-  int64_t embedding = 0;
+  int64_t embedding = 0;       // dp_strategy: diloco adds the tied copy's broadcast, averaged per step
+  int64_t outer = 0;           // dp_strategy: diloco: the outer reducers' bytes over a period ÷ H (floor)
   int64_t lep_bytes = 0;       // LEP buffers held at most (PipelinePolicy::lep_buffers() fp32 slices)
 
   // The operations behind these bytes, per TP rank (the simulator replays them):
@@ -143,6 +144,11 @@ struct StageTrafficEstimate {
   std::vector<CommStep> dp_steps;            // the DP reducer's call
   std::vector<CommStep> embedding_steps;     // the embedding sync (first and last stage)
   int64_t embedding_group = 0;               // its group size (2, 2d under FE, 1 when p = 1 and no FE)
+  /// dp_strategy: diloco: [F] the outer reducer's call for fragment f's parameters on this stage
+  /// (empty when it holds none), and the tied copy's broadcast when fragment 0 lands (first and
+  /// last stage, pp > 1). A sync step carries one of them; the other steps none.
+  std::vector<std::vector<CommStep>> outer_steps;
+  std::vector<CommStep> tied_copy_steps;
 };
 
 struct TrafficEstimate {

@@ -24,7 +24,10 @@ std::string format_bytes(double bytes) {
 namespace {
 
 const Traffic kModelledClasses[] = {Traffic::kTensorParallel, Traffic::kPipelineForward, Traffic::kPipelineBackward,
-                                    Traffic::kDataParallel, Traffic::kEmbedding};
+                                    Traffic::kDataParallel, Traffic::kEmbedding, Traffic::kOuter};
+
+// `outer` exists under compression.dp_strategy: diloco only; other runs' reports leave it out.
+bool shown(const TrafficEstimate& e, Traffic cls) { return cls != Traffic::kOuter || e.cluster_total(cls) != 0; }
 
 std::string join_bytes(const std::vector<int64_t>& v) {
   std::string out;
@@ -127,6 +130,7 @@ void report_cluster(std::string& out, const TrafficEstimate& e) {
   out += fmt::format("{:<10} {:>13} {:>13} {:>13}\n", "class", "intra", "inter", "total");
   for (Traffic cls : kModelledClasses) {
     const int c = static_cast<int>(cls);
+    if (!shown(e, cls)) continue;
     if (!e.modelled[c]) {
       out += fmt::format("{:<10} {:>13} {:>13} {:>13}\n", traffic_name(cls), "not modelled", "", "");
       continue;
@@ -201,6 +205,7 @@ nlohmann::json class_link_json(const TrafficEstimate& e, const ClassLinkBytes& v
   json c;
   for (Traffic cls : kModelledClasses) {
     const int i = static_cast<int>(cls);
+    if (!shown(e, cls)) continue;
     if (!e.modelled[i]) {
       c[traffic_name(cls)] = nullptr;
       continue;

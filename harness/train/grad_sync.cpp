@@ -44,7 +44,8 @@ GradientSync::GradientSync(const Config& cfg, GptModel& model, Communicator* dp,
       embedding_(embedding),
       fused_embedding_(fused_embedding),
       dp_size_(cfg.parallel.dp),
-      fused_(cfg.compression.fused_embedding) {
+      fused_(cfg.compression.fused_embedding),
+      local_replica_(cfg.compression.diloco_on()) {
   Registry<GradReducer> registry;
   register_builtin_grad_reducers(registry);
   if (compress_dp) {
@@ -57,7 +58,7 @@ GradientSync::GradientSync(const Config& cfg, GptModel& model, Communicator* dp,
   }
   compress_dp_ = compress_dp_ && cfg.compression.dp.name != "none";
   dp_reducer_ = make_dp_reducer(cfg, compress_dp_);
-  if (!compress_dp_) uncompressed_ = static_cast<NoneReducer*>(dp_reducer_.get());
+  if (!compress_dp_ && !local_replica_) uncompressed_ = static_cast<NoneReducer*>(dp_reducer_.get());
   if (cfg.compression.embedding.name != "none") {
     embedding_reducer_ = registry.create(cfg.compression.embedding.name, cfg.compression.embedding.options);
     embedding_reducer_->set_traffic_class(Traffic::kEmbedding);
@@ -96,11 +97,13 @@ bool GradientSync::reduce(const std::vector<torch::Tensor>& params, int64_t step
     dp_grads.push_back(grads[i]);
   }
   bool finite = true;
-  try {
-    TimelineScope event(compress_dp_ ? EventKind::kCompress : EventKind::kDpReduce, Stream::kDataParallel);
-    dp_reducer_->reduce(dp_grads, *dp_, step);  // in place: DP average (or its compressed estimate)
-  } catch (const NonFiniteGradients&) {
-    finite = false;
+  if (!local_replica_) {
+    try {
+      TimelineScope event(compress_dp_ ? EventKind::kCompress : EventKind::kDpReduce, Stream::kDataParallel);
+      dp_reducer_->reduce(dp_grads, *dp_, step);  // in place: DP average (or its compressed estimate)
+    } catch (const NonFiniteGradients&) {
+      finite = false;
+    }
   }
   auto reduce_embedding = [&](torch::Tensor& g, Communicator& group) {
     std::vector<torch::Tensor> one{g};

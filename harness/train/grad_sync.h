@@ -53,6 +53,8 @@ std::unique_ptr<GradReducer> make_dp_reducer(const Config& cfg, bool compresses)
 ///     and still sums in fp32 (NoneReducer in compression/grad_reducer.h: the gradients ÷ dp, times
 ///     the loss scale on fp16, rounded to 16 bits; an all-to-all, an fp32 sum rounded once, an
 ///     all-gather). Compressing reducers and the embedding sync are unaffected.
+///   - compression.dp_strategy: diloco: step 1 is left out (each replica keeps its own gradients;
+///     the replicas meet in harness/train/outer_sync.h's outer step); the embedding pair still sums.
 /// Every rank calls reduce() once per step after the schedule, with the same step on all ranks.
 /// Returns false when a compressing reducer found NaN/Inf gradients (NonFiniteGradients, on all
 /// ranks of its group alike; its state is untouched): the caller must skip the optimizer step on
@@ -92,6 +94,7 @@ class GradientSync {
   Communicator* fused_embedding_;
   int64_t dp_size_;
   bool fused_;
+  bool local_replica_;  // dp_strategy: diloco, no DP reduction
   bool compress_dp_;
   std::unique_ptr<GradReducer> dp_reducer_;
   NoneReducer* uncompressed_ = nullptr;  // dp_reducer_ when this stage reduces uncompressed

@@ -153,7 +153,7 @@ std::vector<TableSpec> trainer_tables() {
 // What the rank measured: traffic by class and link, peak memory.
 void add_measured_tables(std::vector<std::unique_ptr<RankTable>>& t) {
   // One row per (step, rank, class, link) with traffic in that step. class: 0 tp, 1 pp_fwd,
-  // 2 pp_bwd, 3 dp, 4 embedding, 5 control; link: 0 intra-node, 1 inter-node. seconds: measured
+  // 2 pp_bwd, 3 dp, 4 embedding, 5 control, 6 outer (DiLoCo); link: 0 intra-node, 1 inter-node. seconds: measured
   // wall time in the operations; emulated_seconds: link emulation's duration of them
   // (harness/parallel/link_emulator.h; 0 without network.emulate).
   t.push_back(std::make_unique<Table<TrafficItem>>(
@@ -245,9 +245,11 @@ void add_component_tables(std::vector<std::unique_ptr<RankTable>>& t) {
   // Fig. 12 (docs/design.md §8.3): tensor memory per (step, rank) by component, bytes. activations_peak
   // is the tracked peak during the pipeline schedule above the memory held when it started;
   // tracked_peak the peak of all tensor memory over the step (memory_tracker.h). The trainer fills
-  // StepExtras::memory in this order.
+  // StepExtras::memory in this order. outer_state: DiLoCo's backup weights, outer momentum, delayed
+  // global values and outer reducer state (harness/train/outer_sync.h; 0 under allreduce).
   const char* components[kMemoryComponents] = {"parameters", "gradients", "optimizer", "activations_peak",
-                                               "lep_buffers", "ef_buffers", "pq_buffers", "tracked_peak"};
+                                               "lep_buffers", "ef_buffers", "pq_buffers", "tracked_peak",
+                                               "outer_state"};
   Cols<RankStep> memory;
   for (int i = 0; i < kMemoryComponents; ++i) {
     memory.push_back({components[i], kI, "bytes", [i](const RankStep& s) { return double(s.x.memory[i]); }});

@@ -43,7 +43,7 @@ std::string eval_text(double loss, const Perplexity& ppl);
 /// This process's peak resident set size, bytes.
 int64_t peak_rss_bytes();
 
-constexpr int kMemoryComponents = 8;
+constexpr int kMemoryComponents = 9;
 
 /// What a rank adds to its step's row besides traffic and timings.
 struct StepExtras {

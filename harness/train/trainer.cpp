@@ -28,6 +28,7 @@
 #include "harness/train/data_loader.h"
 #include "harness/parallel/distributed.h"
 #include "harness/train/grad_sync.h"
+#include "harness/train/outer_sync.h"
 #include "harness/train/network_setup.h"
 #include "harness/records/memory_tracker.h"
 #include "harness/records/metrics.h"
@@ -384,6 +385,7 @@ void Trainer::build_gradient_sync() {
   }
   grad_sync_ = std::make_unique<GradientSync>(cfg_, model_, d_.dp.get(), d_.embedding.get(), d_.fused_embedding.get(),
                                               coord_.pp, static_cast<bool>(sc_compress_[coord_.pp]));
+  if (comp.diloco_on()) outer_ = std::make_unique<OuterSync>(cfg_, model_, d_.dp.get(), d_.embedding.get());
 }
 
 // dp_stages: auto. A resumed run keeps the checkpoint's choice; otherwise one calibration step.
@@ -412,6 +414,9 @@ void Trainer::choose_sc_auto() {
 void Trainer::build_checkpoint_parts() {
   const auto& comp = cfg_.compression;
   checkpoint_parts_ = grad_sync_->checkpoint_parts();
+  if (outer_) {
+    for (auto& part : outer_->checkpoint_parts()) checkpoint_parts_.push_back(std::move(part));
+  }
   if (sc_way(cfg_) < 0) {
     checkpoint_parts_.push_back({"sc_auto", "auto",
                                  [sc = sc_compress_](auto& a) {
@@ -650,6 +655,7 @@ Trainer::StepResult Trainer::step() {
   codec_->end_step();  // lep: lazy_iteration drops its buffer here
   const int64_t activations_peak = memory_->peak() - before_schedule;
   update(r);  // gradient sync, clip, AdamW (or skip, BR-01)
+  if (outer_) outer_->after_step(state_.step);  // dp_strategy: diloco, the fragments due after this step
   // The loss lives on the last stage: average over data-parallel replicas, known everywhere.
   // (fp16: the schedule's losses carry the scale S; dividing is exact for a power-of-two S.)
   auto loss_t = torch::tensor({range_.is_last && coord_.tp == 0 ? pipe.loss / r.loss_scale / cfg_.parallel.dp : 0.0},
@@ -781,7 +787,8 @@ void Trainer::record_step(const StepResult& r, double pipeline_seconds, int64_t 
   const GradReducer& dpr = grad_sync_->dp_reducer();
   extras_->memory = {param_bytes, grad_bytes, optimizer_state_bytes(*optimizer_), activations_peak,
                      codec_->lep_peak_bytes(), dpr.error_feedback_bytes() + (emb ? emb->error_feedback_bytes() : 0),
-                     dpr.factor_bytes() + (emb ? emb->factor_bytes() : 0) + codec_->codec_state_bytes(), memory_->peak()};
+                     dpr.factor_bytes() + (emb ? emb->factor_bytes() : 0) + codec_->codec_state_bytes(), memory_->peak(),
+                     outer_ ? outer_->state_bytes() : 0};
   extras_->tensor_detail = state_.step % cfg_.log.interval == 0 || state_.step == cfg_.train.train_steps;
   record_rank_stats(d_, sink_.get(), state_.step, pipeline_seconds, r.seconds, *extras_);
   summary_.loss_scales.push_back(r.loss_scale);

@@ -43,6 +43,7 @@ struct StepExtras;
 class BatchLoader;
 class GptStageFunctions;
 class GradientSync;
+class OuterSync;
 class Hdf5MetricsSink;
 class MemoryTracker;
 class PipelineCodec;
@@ -183,6 +184,7 @@ class Trainer {
   std::string network_regime_;  // network.match_regime: how the scale was derived ("" without)
   std::string sc_stages_;          // the choice, for the log and results
   std::unique_ptr<GradientSync> grad_sync_;
+  std::unique_ptr<OuterSync> outer_;  // compression.dp_strategy: diloco (outer_sync.h); null under allreduce
   std::vector<CheckpointPart> checkpoint_parts_;
   TrainState state_;
   std::unique_ptr<StepExtras> extras_;

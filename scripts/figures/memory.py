@@ -15,7 +15,8 @@ def memory_rows(configs):
             if not m or not len(m["step"]):
                 continue
             last = m["step"] == m["step"].max()
-            per.append({k: float(m[k][last].max()) / 2**20 for k in R.MEMORY_COMPONENTS + ["tracked_peak"]})
+            per.append({k: float(m[k][last].max()) / 2**20 if k in m else 0.0
+                        for k in R.MEMORY_COMPONENTS + ["tracked_peak"]})
         if per:
             out.append((c, {k: float(np.mean([p[k] for p in per])) for k in per[0]}))
     return out

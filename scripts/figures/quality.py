@@ -12,22 +12,25 @@ from figures.output import Table, footnote, plt, pm, runs_note, short
 def summary_table(experiment, configs, ref, why):
     ref_time = speed(ref)[0]
     ref_ppl = R.mean_std([v[2] for v in final_stats(ref)])[0]
+    mbs = {id(c): mb_per_step(c) for c in configs}
+    # outer (DiLoCo's exchange) only where some configuration sends it
+    classes = [k for k in R.DATA_CLASSES if k != "outer" or any(m and m.get(k) for m in mbs.values())]
     header = ["configuration", "runs", "seeds", "steps", "valid ppl", "valid loss", "Δ loss vs ref (paired)",
-              "ppl vs ref", "tokens/s", "speed-up"] + [f"{c} MB/step" for c in R.DATA_CLASSES] + ["total MB/step"]
+              "ppl vs ref", "tokens/s", "speed-up"] + [f"{c} MB/step" for c in classes] + ["total MB/step"]
     rows = []
     for c in configs:
         fin = final_stats(c)
         ppl, loss = R.mean_std([v[2] for v in fin]), R.mean_std([v[1] for v in fin])
         d = R.mean_std(paired_loss_differences(c, ref) if c is not ref else [])
         sec, tok = speed(c)
-        mb = mb_per_step(c)
+        mb = mbs[id(c)]
         row = [c.display(), c.runs_text(), ",".join(str(r.seed) for r in c.used),
                ",".join(sorted({str(r.last_step) for r in c.used})), pm(ppl[0], ppl[1], 2), pm(loss[0], loss[1], 4),
                (f"{d[0]:+.4f}" + ("" if d[1] != d[1] else f" ± {d[1]:.4f}") + f" (n={d[2]})") if d[2] else "",
                f"{100 * (ppl[0] / ref_ppl - 1):+.1f}%" if ppl[2] and ref_ppl == ref_ppl else "",
                f"{tok[0]:.0f}" if tok[0] == tok[0] else "",
                f"{ref_time[0] / sec[0]:.3f}" if sec[0] == sec[0] and ref_time[0] == ref_time[0] else ""]
-        row += [f"{mb[k]:.3f}" if mb else "" for k in R.DATA_CLASSES]
+        row += [f"{mb[k]:.3f}" if mb else "" for k in classes]
         row.append(f"{sum(mb[k] for k in R.DATA_CLASSES):.3f}" if mb else "")
         rows.append(row)
     notes = [f"reference: {ref.label} ({why}); configurations differ in: {', '.join(ref.differ) or 'nothing'}",

@@ -67,7 +67,7 @@ TEST(Config, AliasesFromOtherFrameworksGetASuggestion) {
 TEST(Config, UnknownSectionListsSections) {
   auto msg = load_error("trian:\n  lr: 0.1\n");
   EXPECT_THAT(msg, HasSubstr("unknown section 'trian' (did you mean 'train'?)"));
-  EXPECT_THAT(msg, HasSubstr("model, parallel, train, data, compression, network, log, checkpoint"));
+  EXPECT_THAT(msg, HasSubstr("model, parallel, train, data, compression, diloco, network, log, checkpoint"));
 }
 
 TEST(Config, WrongTypeInFileAndInOverride) {

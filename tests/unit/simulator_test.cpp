@@ -252,5 +252,30 @@ TEST(HardwareProfile, PaperProfileTakesTheEmulatorsLinks) {
   EXPECT_EQ(hw.links.nics_per_node, 1);
 }
 
+// dp_strategy: diloco (H = 4, F = 2) on DP2, one rank per node, no compute: no dp traffic; a
+// plain iteration costs nothing, fragment f's sync iteration one ring all-reduce of its fp32
+// parameters (X_f / B on two ranks), and replay_period() is their mean over the period: (X_0 + X_1) / B / 4.
+TEST(Simulator, DilocoPeriodMeanWeighsThePlainAndTheSyncIterations) {
+  Config c = small(1, 1, 2, 4);
+  c.compression.dp_strategy = "diloco";
+  c.compression.diloco.inner_steps = 4;
+  c.compression.diloco.fragments = 2;
+  c.validate(2);
+  SimInputs in = make_sim_inputs(c, profile());
+  zero_compute(in);
+  const auto& g = in.traffic.stages[0];
+  EXPECT_EQ(g.dp, 0);
+  ASSERT_EQ(g.outer_steps.size(), 2u);
+  int64_t x = 0, params = 0;
+  for (const auto& f : g.outer_steps) x += collective_bytes(f);
+  for (const auto& prm : stage_parameter_shapes(c, 0)) params += prm.numel();
+  EXPECT_EQ(x, 4 * params);
+  EXPECT_EQ(g.outer, x / 4);  // per step: the period's bytes / H (2(n-1)/n X = X on two ranks)
+  EXPECT_NEAR(replay(in).iteration_s, 0.0, 1e-12);
+  const SimResult r = replay_period(in);
+  EXPECT_NEAR(r.iteration_s, static_cast<double>(x) / 10e9 / 4, 1e-9);
+  EXPECT_NEAR(r.breakdown_s[static_cast<int>(Category::kDataParallel)], r.iteration_s, 1e-9);
+}
+
 }  // namespace
 }  // namespace optcc

@@ -303,8 +303,9 @@ Config measured_config() {  // data and result paths: expect_model_equals_meters
   return c;
 }
 
-// Runs `cfg` on TP2 x PP2 x DP2 (ranks as threads, 2 per node); bytes of step 2 by (rank, class, link).
-std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> measure(const Config& cfg) {
+// Runs `cfg` on TP2 x PP2 x DP2 (ranks as threads, 2 per node); bytes of the last `steps` steps
+// (train.train_steps = 2: step 2; or steps 1-2) by (rank, class, link).
+std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> measure(const Config& cfg, int64_t steps = 1) {
   const ParallelDims dims{2, 2, 2};
   const int world = dims.world(), per_node = static_cast<int>(cfg.parallel.ranks_per_node);
   std::vector<TrainSummary> out(world);
@@ -323,30 +324,32 @@ std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> measure(const Config& c
   const auto bytes = read_column(f, "/traffic/bytes");
   std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> measured;
   for (size_t i = 0; i < step.size(); ++i) {
-    if (step[i] == 2) measured[{rank[i], cls[i], link[i]}] += bytes[i];
+    if (step[i] > cfg.train.train_steps - steps) measured[{rank[i], cls[i], link[i]}] += bytes[i];
   }
   return measured;
 }
 
-void expect_model_equals_meters(Config cfg, const std::string& what, TrafficModelOptions o = {}) {
+// `steps` > 1: the model's bytes per step times `steps` against the last `steps` steps metered (a
+// DiLoCo period, whose steps differ).
+void expect_model_equals_meters(Config cfg, const std::string& what, TrafficModelOptions o = {}, int64_t steps = 1) {
   testing::TempDir dir;
   testing::write_synthetic_corpus(dir / "corpus", 64, 300);
   cfg.data.prefix = dir / "corpus";
   cfg.data.dir = dir / "data";
   cfg.log.dir = dir / "results";
   cfg.log.run_name = what;
-  const auto measured = measure(cfg);
+  const auto measured = measure(cfg, steps);
   resolve_vocab(cfg);
   o.gloo = true;  // ranks as threads on Gloo (bf16 DP reducer: all-gather)
   const TrafficEstimate e = estimate_traffic(cfg, o);
   int64_t checked = 0;
   for (const auto& r : e.ranks) {
     for (Traffic c : {Traffic::kTensorParallel, Traffic::kPipelineForward, Traffic::kPipelineBackward,
-                      Traffic::kDataParallel, Traffic::kEmbedding}) {
+                      Traffic::kDataParallel, Traffic::kEmbedding, Traffic::kOuter}) {
       for (int l = 0; l < 2; ++l) {
         const auto it = measured.find({r.rank, static_cast<int64_t>(c), l});
         const int64_t got = it == measured.end() ? 0 : it->second;
-        EXPECT_EQ(r.bytes[static_cast<int>(c)][l], got)
+        EXPECT_EQ(steps * r.bytes[static_cast<int>(c)][l], got)
             << what << ": rank " << r.rank << " (stage " << r.coord.pp << ") " << traffic_name(c) << " "
             << link_name(static_cast<Link>(l));
         checked += got;
@@ -366,6 +369,22 @@ TEST(TrafficModelVsMeters, DpPowerSgd) {
   c.compression.dp.name = "powersgd";
   c.compression.dp.options = YAML::Load("{rank: 2, warmup_steps: 0}");
   expect_model_equals_meters(c, "dp_powersgd");
+}
+
+// Streaming DiLoCo, H = 2, F = 2 (fragment 0 with the tied copy's broadcast after step 1, fragment 1
+// after step 2), outer reducer none and 8-level QSGD: no dp bytes; outer and embedding per step
+// are the period's ÷ H, equal to steps 1-2 metered.
+TEST(TrafficModelVsMeters, StreamingDilocoOverAPeriod) {
+  for (const char* outer : {"none", "qsgd"}) {
+    Config c = measured_config();
+    c.compression.dp_strategy = "diloco";
+    c.compression.diloco.inner_steps = 2;
+    c.compression.diloco.fragments = 2;
+    c.compression.diloco.outer.name = outer;
+    c.compression.diloco.outer.options = std::string(outer) == "qsgd" ? YAML::Load("{levels: 8, bucket_size: 64}")
+                                                                      : YAML::Node(YAML::NodeType::Map);
+    expect_model_equals_meters(c, fmt::format("streaming_diloco_{}", outer), {}, 2);
+  }
 }
 
 // CB (epilogue-only, LEP) + FE + SC (way 1: stage 0 compresses its DP gradients, stage 1 raw).
