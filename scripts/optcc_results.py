@@ -265,11 +265,22 @@ class Run:
             return float("nan"), float("nan")
         return float(np.median(t["step_seconds"][keep])), float(np.median(t["tokens_per_second"][keep]))
 
+    def outer_period(self):
+        """DiLoCo's period H (diloco.inner_steps) when the run's compression.dp_strategy is diloco, else
+        None: its outer traffic comes once per fragment per H steps."""
+        if self.cfg("compression", "dp_strategy") != "diloco":
+            return None
+        return int(self.cfg("diloco", "inner_steps", 16))
+
     def bytes_per_step(self, window=20):
         """{class: bytes all ranks sent per training step}, mean over the last `window` recorded steps
-        after the first (steady state: PowerSGD warm-up and SC calibration are over); {} without
-        /traffic rows."""
+        after the first (steady state: PowerSGD warm-up and SC calibration are over); under DiLoCo the
+        window is rounded up to whole periods (outer_period), which hold each fragment's sync once;
+        {} without /traffic rows."""
         last = self.last_step
+        period = self.outer_period()
+        if period:
+            window = period * -(-window // period)
         t = self.table("traffic", since=max(2, last - window + 1))
         if not t or not len(t["step"]):
             return {}

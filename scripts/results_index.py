@@ -16,8 +16,8 @@ winning (scripts/optcc_results.py explains the merge and the statuses). Columns:
   scheme, seed, layout      compression_scheme, train.seed, "tp=.. pp=.. dp=.."
   step_seconds       median over the steps after the third (timeline steps left out);
   tokens_per_second  the same for tokens/s
-  bytes_per_step     bytes all ranks sent per training step (tp, pp, dp, embedding; not control),
-                     mean of the last 20 steps
+  bytes_per_step     bytes all ranks sent per training step (tp, pp, dp, embedding, outer; not
+                     control), mean of the last 20 steps (DiLoCo: of the last whole periods)
   config_hash        sha256 (12 hex) of the stored config attribute
   configuration      sha256 (12 hex) of the config without train.seed, log.run_name/dir/level and
                      checkpoint.dir: runs with equal values are seeds of one configuration

@@ -253,6 +253,35 @@ class FiguresTest(unittest.TestCase):
         self.assertEqual(train["loss"].tolist(), expected)
         self.assertEqual(run.table("eval")["step"].tolist(), [5, 10])
 
+    def test_bytes_per_step_under_diloco_covers_whole_periods(self):
+        """DiLoCo's outer bytes (class 6) come once per H = 16 steps: the mean is over whole periods
+        (the last 32 of 40 steps, syncs at 16 and 32), B/16, not B/20 as the last 20 steps would give."""
+        sys.path.insert(0, os.path.join(SOURCE, "scripts"))
+        import optcc_results as R
+        outer = 1600000
+        with tempfile.TemporaryDirectory() as root:
+            os.makedirs(os.path.join(root, "d"))
+            for name, strategy in (("diloco-seed1", "diloco"), ("plain-seed1", "allreduce")):
+                a = attrs_of("baseline", 1, name, "2026-01-01T00:00:00Z")
+                cfg = yaml.safe_load(a["config"])
+                cfg["compression"]["dp_strategy"] = strategy
+                cfg["diloco"] = {"inner_steps": 16}
+                cfg["train"]["train_steps"] = 40
+                a["config"] = yaml.safe_dump(cfg)
+                rows = {k: [] for k in TABLES}
+                for step in range(1, 41):
+                    rows["train"].append([step, 5.0, 1e-3, 1.0, 1.0, 256.0])
+                    rows["traffic"].append([step, 0, 0, 0, 1000, 1, 0.0, 0.0])
+                    if step % 16 == 0:
+                        rows["traffic"].append([step, 0, 6, 1, outer, 1, 0.0, 0.0])
+                write_file(os.path.join(root, "d", f"{name}.h5"), a, rows)
+            runs = {r.name: r for r in R.load_runs(root)}
+            self.assertEqual(runs["diloco-seed1"].outer_period(), 16)
+            self.assertIsNone(runs["plain-seed1"].outer_period())
+            self.assertEqual(runs["diloco-seed1"].bytes_per_step(), {**{c: 0.0 for c in R.TRAFFIC_CLASSES},
+                                                                      "tp": 1000.0, "outer": outer / 16})
+            self.assertEqual(runs["plain-seed1"].bytes_per_step()["outer"], outer / 20)
+
     def test_figures_files(self):
         self.assertEqual(self.fig_run.returncode, 0, self.fig_run.stdout + self.fig_run.stderr)
         self.assertNotIn("Traceback", self.fig_run.stdout + self.fig_run.stderr)

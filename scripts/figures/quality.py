@@ -39,7 +39,8 @@ def summary_table(experiment, configs, ref, why):
              "Δ loss: this run's final valid loss minus the reference run's of the same seed",
              "tokens/s and speed-up: median step time after step 3 (timeline steps left out), mean over seeds; "
              "speed-up = reference step time / this step time",
-             "MB/step: bytes all ranks sent per training step, mean of the last 20 steps (control traffic left out)"]
+             "MB/step: bytes all ranks sent per training step, mean of the last 20 steps (DiLoCo: of the last "
+             "whole periods of diloco.inner_steps steps, at least 20; control traffic left out)"]
     return Table(f"{experiment}: final validation and traffic per configuration", header, rows, notes)
 
 
