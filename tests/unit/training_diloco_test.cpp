@@ -1,7 +1,8 @@
 // DiLoCo and Streaming DiLoCo (compression.dp_strategy: diloco, harness/train/outer_sync.h):
 //   - the schedule and the fragments in closed form;
 //   - the outer step on two replicas against a hand computation (mean of the outer gradients,
-//     Nesterov momentum over two rounds), fragments landing on their own steps, the delayed and
+//     Nesterov momentum over two rounds); τ = 0, α = 0 equals plain DiLoCo one fragment at a time,
+//     bit for bit; fragments landing on their own steps, the delayed and
 //     mixed update (τ, α), the tied embedding's copies, plan bytes = metered bytes of `outer`;
 //   - training: one replica with outer lr 1 and no momentum = plain training (H 1-3, F 1-2);
 //     replicas agree after every sync; a resume mid-period and mid-sync continues bit-identically; the
@@ -169,6 +170,55 @@ TEST(OuterSync, FragmentsLandOnTheirStepsDelayedAndMixed) {
                                      ? 0.25 * before4.at(item.key()) + 0.75 * (theta0.at(item.key()) + 3 * c)
                                      : before4.at(item.key());
       EXPECT_TRUE(torch::allclose(item.value(), want, 1e-6, 1e-7)) << item.key();
+    }
+  });
+}
+
+// τ = 0, α = 0: Streaming DiLoCo is DiLoCo applied one fragment at a time. Two replicas, H = 4,
+// Nesterov momentum, over two rounds: F = 2 lands fragment 0 at once after step 2 and fragment 1
+// after step 4; each fragment then holds bit for bit what plain DiLoCo (F = 1, the whole model after
+// step 4) computes from the same local weights, and the momentum carries into round 2 alike.
+TEST(OuterSync, NoDelayNoMixIsPlainDilocoOneFragmentAtATime) {
+  Config streaming = tiny_config();
+  streaming.parallel.dp = 2;
+  streaming.compression.diloco.inner_steps = 4;
+  streaming.compression.diloco.outer_lr = 0.7;
+  streaming.compression.diloco.outer_momentum = 0.5;
+  Config plain = streaming;
+  streaming.compression.diloco.fragments = 2;
+  streaming.compression.diloco.sync_delay = 0;
+  streaming.compression.diloco.mix = 0.0;
+  testing::run_layout({1, 1, 2}, [&](int rank, Distributed& d) {
+    torch::manual_seed(1);
+    GptModel a = stage_model(streaming, 0);
+    torch::manual_seed(1);
+    GptModel b = stage_model(plain, 0);
+    OuterSync fragmented(streaming, a, d.dp.get(), d.embedding.get());
+    OuterSync whole(plain, b, d.dp.get(), d.embedding.get());
+    const double k = rank + 1.0;
+    for (int64_t round = 0; round < 2; ++round) {
+      set_local(a, snapshot(a), k * (round + 1));
+      set_local(b, snapshot(b), k * (round + 1));
+      const auto local = snapshot(a);
+      fragmented.after_step(4 * round + 2);
+      whole.after_step(4 * round + 2);
+      const auto plain_weights = snapshot(b);
+      for (const auto& item : a->named_parameters()) {
+        const bool landed = fragmented.fragment_of(item.key()) == 0;
+        EXPECT_EQ(torch::equal(item.value(), local.at(item.key())), !landed) << item.key();
+        EXPECT_TRUE(torch::equal(plain_weights.at(item.key()), local.at(item.key()))) << "plain moved " << item.key();
+      }
+      const auto fragment0 = snapshot(a);
+      fragmented.after_step(4 * round + 4);
+      whole.after_step(4 * round + 4);
+      const auto b_after = snapshot(b);
+      for (const auto& item : a->named_parameters()) {
+        EXPECT_FALSE(torch::equal(item.value(), local.at(item.key()))) << "round " << round << " " << item.key();
+        EXPECT_TRUE(torch::equal(item.value(), b_after.at(item.key()))) << "round " << round << " " << item.key();
+        if (fragmented.fragment_of(item.key()) == 0) {
+          EXPECT_TRUE(torch::equal(item.value(), fragment0.at(item.key()))) << "fragment 0 moved again " << item.key();
+        }
+      }
     }
   });
 }
