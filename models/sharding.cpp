@@ -29,10 +29,25 @@ std::map<std::string, TpSplit> tp_splits(const GptModelImpl& model) {
   return out;
 }
 
-std::string whole_model_name(const std::string& stage_name, const StageRange& stage) {
+namespace {
+
+// "blocks.<i>.<rest>": m[1] = i, m[2] = rest.
+bool match_block(const std::string& stage_name, std::smatch& m) {
   static const std::regex block(R"(^blocks\.(\d+)\.(.*)$)");
+  return std::regex_match(stage_name, m, block);
+}
+
+}  // namespace
+
+std::optional<int64_t> whole_model_layer(const std::string& stage_name, int64_t first_layer) {
   std::smatch m;
-  if (!std::regex_match(stage_name, m, block)) return stage_name;
+  if (!match_block(stage_name, m)) return std::nullopt;
+  return std::stoll(m[1].str()) + first_layer;
+}
+
+std::string whole_model_name(const std::string& stage_name, const StageRange& stage) {
+  std::smatch m;
+  if (!match_block(stage_name, m)) return stage_name;
   return fmt::format("blocks.{}.{}", std::stoll(m[1].str()) + stage.first_layer, m[2].str());
 }
 

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,10 @@ namespace optcc {
 /// group, from the type of the module that registered it (see the header comment). The same for
 /// every TP size: a model built without a TP group (tp == nullptr) reports the splits it would have.
 std::map<std::string, TpSplit> tp_splits(const GptModelImpl& model);
+
+/// The whole-model layer of a stage's parameter name: first_layer + i for "blocks.<i>.<rest>";
+/// nullopt for every other name (the embeddings, the final LayerNorm).
+std::optional<int64_t> whole_model_layer(const std::string& stage_name, int64_t first_layer);
 
 /// A stage's parameter name in the whole model: "blocks.<i>.<rest>" -> "blocks.<first_layer + i>.<rest>";
 /// every other name is the same in both.

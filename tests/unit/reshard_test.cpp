@@ -93,6 +93,10 @@ TEST(Reshard, SplitsComeFromTheLayers) {
   EXPECT_EQ(splits.size(), GptModel(gpt_options(layout_config(1, 1, 1)))->named_parameters().size());
   EXPECT_EQ(whole_model_name("blocks.1.mlp.fc1.weight", StageRange{2, 2, false, true}), "blocks.3.mlp.fc1.weight");
   EXPECT_EQ(whole_model_name("final_ln.weight", StageRange{2, 2, false, true}), "final_ln.weight");
+  EXPECT_EQ(whole_model_layer("blocks.1.mlp.fc1.weight", 2), std::optional<int64_t>(3));
+  EXPECT_EQ(whole_model_layer("blocks.12.attn.qkv.bias", 0), std::optional<int64_t>(12));
+  EXPECT_EQ(whole_model_layer("final_ln.weight", 2), std::nullopt);
+  EXPECT_EQ(whole_model_layer("word_embedding.weight", 0), std::nullopt);
 }
 
 TEST(Reshard, MergedTp2Pp2Dp2CheckpointEqualsTheSingleRankModel) {
