@@ -7,58 +7,29 @@
 #include <fmt/format.h>
 
 #include <functional>
-#include <regex>
 
 #include "harness/parallel/distributed.h"
 #include "harness/train/trainer.h"
+#include "models/sharding.h"
 #include "tests/support/gloo_ranks.h"
+#include "tests/support/small_training.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
 namespace {
 
-struct Dims {
-  int tp, pp, dp;
-};
-// gtest's name for a parameter in test listings (else it prints the struct's bytes).
-void PrintTo(const Dims& d, std::ostream* os) { *os << "tp" << d.tp << "_pp" << d.pp << "_dp" << d.dp; }
+using testing::Dims;  // its PrintTo names the parameters in test listings
 
 constexpr double kLossTol = 1e-6;    // relative, per step (measured <= 6e-8)
 constexpr double kWeightTol = 2e-5;  // absolute, after 5 AdamW steps at lr 1e-3 (measured <= 1.2e-6)
 
+// The small model (tests/support/small_training.h) for 5 steps, without a validation split: parity
+// is about training.
 Config parity_config(const testing::TempDir& dir, Dims d) {
-  Config c;
-  c.data.prefix = dir / "corpus";
-  c.data.dir = dir / "data";
-  c.data.split = "100,0,0";  // no validation: parity is about training
-  c.train.eval_interval = 0;
-  c.log.dir = dir / "results";
-  c.log.run_name = fmt::format("tp{}pp{}dp{}", d.tp, d.pp, d.dp);
-  c.model.num_layers = 4;
-  c.model.hidden_size = 32;
-  c.model.num_heads = 4;
-  c.model.seq_len = 16;
-  c.model.vocab_divisor = 32;  // 64 tokens pad to 64 for every tp here: same embedding everywhere
-  c.model.hidden_dropout = 0.0;
-  c.model.attention_dropout = 0.0;
-  c.parallel.tp = d.tp;
-  c.parallel.pp = d.pp;
-  c.parallel.dp = d.dp;
-  c.train.micro_batch_size = 2;
-  c.train.global_batch_size = 8;
+  Config c = testing::small_training_config(dir, d, fmt::format("tp{}pp{}dp{}", d.tp, d.pp, d.dp));
+  c.data.split = "100,0,0";
   c.train.train_steps = 5;
-  c.train.warmup_steps = 1;
-  c.train.lr = 1e-3;
-  c.train.threads = 1;
   return c;
-}
-
-// Name of this rank's parameter in the single-rank model: blocks.i -> blocks.(first_layer + i).
-std::string reference_name(const std::string& name, int64_t first_layer) {
-  std::smatch m;
-  static const std::regex block(R"(^blocks\.(\d+)\.(.*)$)");
-  if (std::regex_match(name, m, block)) return fmt::format("blocks.{}.{}", std::stoll(m[1]) + first_layer, m[2].str());
-  return name;
 }
 
 torch::Tensor matching_slice(const torch::Tensor& full, const torch::Tensor& shard, int tp_rank) {
@@ -93,7 +64,7 @@ TEST_P(Parity, LossesAndFinalWeightsMatchSingleRank) {
     const int tp_rank = r % dims.tp, stage = r / (dims.tp * dims.dp);
     const int64_t first_layer = stage * (4 / dims.pp);
     for (const auto& [name, shard] : out[r].parameters) {
-      const auto it = ref.parameters.find(reference_name(name, first_layer));
+      const auto it = ref.parameters.find(whole_model_name(name, StageRange{first_layer}));
       ASSERT_NE(it, ref.parameters.end()) << name;
       auto expect = matching_slice(it->second, shard, tp_rank);
       max_weight = std::max(max_weight, (shard - expect).abs().max().item<double>());

@@ -19,6 +19,7 @@
 #include "harness/parallel/distributed.h"
 #include "harness/train/trainer.h"
 #include "tests/support/gloo_ranks.h"
+#include "tests/support/small_training.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
@@ -28,27 +29,9 @@ constexpr int64_t kInfStep = 3;  // the step whose gradients get the inf
 constexpr int kInfRank = 3;      // on this global rank only (last stage, second replica)
 
 Config skip_config(const testing::TempDir& dir, const std::string& precision) {
-  Config c;
-  c.data.prefix = dir / "corpus";
-  c.data.dir = dir / "data";
-  c.data.split = "100,0,0";
-  c.train.eval_interval = 0;  // no validation split
-  c.log.dir = dir / "results";
-  c.log.run_name = "skip";
-  c.model.num_layers = 4;
-  c.model.hidden_size = 32;
-  c.model.num_heads = 4;
-  c.model.seq_len = 16;
-  c.model.vocab_divisor = 32;
-  c.model.hidden_dropout = 0.0;
-  c.model.attention_dropout = 0.0;
-  c.parallel.pp = 2;
-  c.parallel.dp = 2;
-  c.train.micro_batch_size = 2;
-  c.train.global_batch_size = 8;
+  Config c = testing::small_training_config(dir, {1, 2, 2}, "skip");  // tests/support/small_training.h
+  c.data.split = "100,0,0";  // no validation split
   c.train.train_steps = 8;
-  c.train.warmup_steps = 1;
-  c.train.threads = 1;
   c.train.precision = precision;
   if (precision == "fp16") {
     c.train.loss_scale_initial = 1024.0;

@@ -15,52 +15,26 @@
 #include "harness/parallel/distributed.h"
 #include "harness/train/trainer.h"
 #include "tests/support/gloo_ranks.h"
+#include "tests/support/small_training.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
 namespace {
 
-struct Dims {
-  int tp, pp, dp;
-};
+using testing::Dims;
+using testing::TrainedRun;
+using testing::train_small;
 
-// 4 layers of h = 32 over PP stages; 8 sequences per step. Attention dropout on (each rank's model
-// has its own generator), so a generator touched by evaluation would show in the losses; hidden
-// dropout draws from the process-wide default generator, which ranks-as-threads share in an
-// unpredictable order, so it is off here (the single-rank case below turns it on).
+// The small model (tests/support/small_training.h) for 8 steps, with attention dropout on (each
+// rank's model has its own generator), so a generator touched by evaluation would show in the
+// losses; hidden dropout draws from the process-wide default generator, which ranks-as-threads share
+// in an unpredictable order, so it stays off here (the single-rank case below turns it on).
 Config state_config(const testing::TempDir& dir, Dims d) {
-  Config c;
-  c.data.prefix = dir / "corpus";
-  c.data.dir = dir / "data";
-  c.data.split = "80,20,0";
-  c.log.dir = dir / "results";
-  c.log.run_name = "state";
-  c.model.num_layers = 4;
-  c.model.hidden_size = 32;
-  c.model.num_heads = 4;
-  c.model.seq_len = 16;
-  c.model.vocab_divisor = 32;
-  c.model.hidden_dropout = 0.0;
+  Config c = testing::small_training_config(dir, d, "state");
   c.model.attention_dropout = 0.1;
-  c.parallel.tp = d.tp;
-  c.parallel.pp = d.pp;
-  c.parallel.dp = d.dp;
-  c.train.micro_batch_size = 2;
-  c.train.global_batch_size = 8;
   c.train.train_steps = 8;
-  c.train.warmup_steps = 1;
-  c.train.lr = 1e-3;
-  c.train.threads = 1;
-  c.train.eval_iters = 2;
-  c.train.eval_interval = 0;
   return c;
 }
-
-struct RunOut {
-  std::vector<double> train_losses, eval_losses;
-  std::map<std::string, torch::Tensor> parameters;  // rank 0's
-  std::string results;                              // the HDF5 file
-};
 
 std::vector<int64_t> read_column(const std::string& file, const std::string& path) {
   H5::H5File f(file, H5F_ACC_RDONLY);
@@ -70,19 +44,6 @@ std::vector<int64_t> read_column(const std::string& file, const std::string& pat
   std::vector<int64_t> v(n);
   ds.read(v.data(), H5::PredType::NATIVE_INT64);
   return v;
-}
-
-RunOut run(const Config& cfg, Dims dims, std::optional<std::string> resume = std::nullopt) {
-  RunOut out;
-  testing::run_layout({dims.tp, dims.pp, dims.dp}, [&](int rank, Distributed& dist) {
-    TrainOptions opt;
-    opt.quiet = true;
-    opt.keep_parameters = true;
-    opt.resume = resume;
-    auto s = run_training(cfg, opt, dist);
-    if (rank == 0) out = {s.train_losses, s.eval_losses, s.parameters, s.results_path};
-  });
-  return out;
 }
 
 // ---- item 5: evaluation never touches training state ----------------------------------------
@@ -111,7 +72,7 @@ TEST_P(EvalLeavesTraining, LossesAndWeightsBitIdenticalWithPeriodicEval) {
   Config evaluating = quiet;
   evaluating.train.eval_interval = 3;
   evaluating.log.run_name = "evaluating";
-  const RunOut a = run(quiet, dims), b = run(evaluating, dims);
+  const TrainedRun a = train_small(quiet, dims), b = train_small(evaluating, dims);
   ASSERT_EQ(a.train_losses.size(), 8u);
   ASSERT_EQ(a.eval_losses.size(), 1u);  // eval_interval 0: the end only
   ASSERT_EQ(b.eval_losses.size(), 4u);
@@ -191,7 +152,7 @@ std::string resume_error(const std::function<void(Config&)>& save, const std::fu
   cfg.checkpoint.dir = dir / "ckpt";
   cfg.checkpoint.save_final = true;
   save(cfg);
-  run(cfg, dims);
+  train_small(cfg, dims);
   Config again = cfg;
   again.train.train_steps = 3;
   resume_edit(again);
@@ -292,16 +253,16 @@ TEST(ResumeCompressorState, SameSettingsResumeBitIdentically) {
   cfg.compression.fused_embedding = true;
   lowrank(cfg.compression.pipeline_backward, 4);
   cfg.train.train_steps = 4;
-  const RunOut full = run(cfg, dims);
+  const TrainedRun full = train_small(cfg, dims);
   Config half = cfg;
   half.train.train_steps = 2;
   half.train.decay_steps = 4 - cfg.train.warmup_steps;  // the 4-step LR schedule
   half.checkpoint.dir = dir / "ckpt";
   half.checkpoint.save_final = true;
-  run(half, dims);
+  train_small(half, dims);
   Config rest = cfg;
   rest.train.decay_steps = half.train.decay_steps;
-  const RunOut resumed = run(rest, dims, dir / "ckpt");
+  const TrainedRun resumed = train_small(rest, dims, dir / "ckpt");
   ASSERT_EQ(resumed.train_losses.size(), 2u);
   EXPECT_EQ(resumed.train_losses, std::vector<double>(full.train_losses.begin() + 2, full.train_losses.end()));
 }
