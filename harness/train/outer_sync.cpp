@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "harness/parallel/timeline.h"
+#include "models/sharding.h"
 
 namespace optcc {
 
@@ -56,10 +57,8 @@ OuterSync::OuterSync(const Config& cfg, GptModel& model, Communicator* dp, Commu
 }
 
 int64_t outer_fragment_of(const std::string& name, int64_t first_layer, int64_t num_layers, int64_t fragments) {
-  const std::string blocks = "blocks.";
-  if (name.rfind(blocks, 0) == 0) {
-    const int64_t local = std::stoll(name.substr(blocks.size(), name.find('.', blocks.size()) - blocks.size()));
-    return outer_fragment_of_layer(first_layer + local, num_layers, fragments);
+  if (const auto layer = whole_model_layer(name, first_layer)) {
+    return outer_fragment_of_layer(*layer, num_layers, fragments);
   }
   if (name.rfind("final_ln", 0) == 0) return fragments - 1;
   return 0;  // word and position embeddings
@@ -152,6 +151,22 @@ void OuterSync::sync_tied_copy() {
   }
 }
 
+OuterSync::GlobalWeights OuterSync::global_weights() {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> local;
+  local.reserve(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    local.push_back(params_[i].detach().clone());
+    params_[i].detach().copy_(backup_[i]);
+  }
+  return GlobalWeights(params_, std::move(local));
+}
+
+OuterSync::GlobalWeights::~GlobalWeights() {
+  torch::NoGradGuard no_grad;
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].detach().copy_(local_[i]);
+}
+
 int64_t OuterSync::state_bytes() const {
   int64_t n = 0;
   const auto add = [&](const torch::Tensor& t) {
@@ -166,64 +181,67 @@ std::vector<CheckpointPart> OuterSync::checkpoint_parts() {
   const std::string identity =
       fmt::format("inner_steps={} fragments={} sync_delay={} outer={}", opt_.inner_steps, opt_.fragments,
                   opt_.sync_delay, to_yaml_value(opt_.outer));
-  auto save = [this](torch::serialize::OutputArchive& a) {
-    std::vector<int64_t> started;
-    for (const auto& f : fragments_) started.push_back(f.started_at);
-    a.write("started_at", torch::tensor(started, torch::kLong));
-    for (size_t i = 0; i < params_.size(); ++i) {
-      a.write("backup." + names_[i], backup_[i]);
-      if (momentum_[i].defined()) a.write("momentum." + names_[i], momentum_[i]);
-      if (pending_[i].defined()) a.write("pending." + names_[i], pending_[i]);
+  return {{"outer_sync", identity, [this](torch::serialize::OutputArchive& a) { save_state(a); },
+           [this](torch::serialize::InputArchive& a) { load_state(a); }}};
+}
+
+void OuterSync::save_state(torch::serialize::OutputArchive& a) const {
+  std::vector<int64_t> started;
+  for (const auto& f : fragments_) started.push_back(f.started_at);
+  a.write("started_at", torch::tensor(started, torch::kLong));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    a.write("backup." + names_[i], backup_[i]);
+    if (momentum_[i].defined()) a.write("momentum." + names_[i], momentum_[i]);
+    if (pending_[i].defined()) a.write("pending." + names_[i], pending_[i]);
+  }
+  for (size_t f = 0; f < fragments_.size(); ++f) {
+    torch::serialize::OutputArchive r;
+    fragments_[f].reducer->save(r);
+    a.write(fmt::format("reducer.{}", f), r);
+  }
+}
+
+void OuterSync::load_state(torch::serialize::InputArchive& a) {
+  torch::Tensor started;
+  a.read("started_at", started);
+  if (started.numel() != static_cast<int64_t>(fragments_.size())) {
+    throw std::invalid_argument(fmt::format("outer_sync: the checkpoint has {} fragments, this run {} (diloco.fragments)",
+                                            started.numel(), fragments_.size()));
+  }
+  const auto read_like = [&](const std::string& key, const torch::Tensor& like, bool required) {
+    torch::Tensor t;
+    if (!a.try_read(key, t)) {
+      if (required) throw std::invalid_argument("outer_sync: the checkpoint has no " + key);
+      return torch::Tensor();
     }
-    for (size_t f = 0; f < fragments_.size(); ++f) {
-      torch::serialize::OutputArchive r;
-      fragments_[f].reducer->save(r);
-      a.write(fmt::format("reducer.{}", f), r);
+    if (t.sizes() != like.sizes()) {
+      throw std::invalid_argument(fmt::format("outer_sync: {} has shape {} in the checkpoint, {} in this run", key,
+                                              fmt::join(t.sizes(), "x"), fmt::join(like.sizes(), "x")));
     }
+    return t.to(torch::kFloat).contiguous();
   };
-  auto load = [this](torch::serialize::InputArchive& a) {
-    torch::Tensor started;
-    a.read("started_at", started);
-    if (started.numel() != static_cast<int64_t>(fragments_.size())) {
-      throw std::invalid_argument(fmt::format("outer_sync: the checkpoint has {} fragments, this run {} (diloco.fragments)",
-                                              started.numel(), fragments_.size()));
-    }
-    const auto read_like = [&](const std::string& key, const torch::Tensor& like, bool required) {
-      torch::Tensor t;
-      if (!a.try_read(key, t)) {
-        if (required) throw std::invalid_argument("outer_sync: the checkpoint has no " + key);
-        return torch::Tensor();
-      }
-      if (t.sizes() != like.sizes()) {
-        throw std::invalid_argument(fmt::format("outer_sync: {} has shape {} in the checkpoint, {} in this run", key,
-                                                fmt::join(t.sizes(), "x"), fmt::join(like.sizes(), "x")));
-      }
-      return t.to(torch::kFloat).contiguous();
-    };
-    std::vector<torch::Tensor> backup(params_.size()), momentum(params_.size()), pending(params_.size());
-    for (size_t i = 0; i < params_.size(); ++i) {
-      backup[i] = read_like("backup." + names_[i], params_[i], true);
-      momentum[i] = read_like("momentum." + names_[i], params_[i], false);
-      pending[i] = read_like("pending." + names_[i], params_[i], false);
-    }
-    for (size_t f = 0; f < fragments_.size(); ++f) {
-      torch::serialize::InputArchive r;
-      a.read(fmt::format("reducer.{}", f), r);
-      fragments_[f].reducer->load(r);
-    }
-    for (size_t f = 0; f < fragments_.size(); ++f) {  // a sync in flight needs its fragment's global values
-      if (started[f].item<int64_t>() < 0) continue;
-      for (size_t i : fragments_[f].params) {
-        if (!pending[i].defined()) {
-          throw std::invalid_argument(fmt::format("outer_sync: fragment {}'s sync started at step {} is in flight, and "
-                                                  "the checkpoint has no pending.{}", f, started[f].item<int64_t>(), names_[i]));
-        }
+  std::vector<torch::Tensor> backup(params_.size()), momentum(params_.size()), pending(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    backup[i] = read_like("backup." + names_[i], params_[i], true);
+    momentum[i] = read_like("momentum." + names_[i], params_[i], false);
+    pending[i] = read_like("pending." + names_[i], params_[i], false);
+  }
+  for (size_t f = 0; f < fragments_.size(); ++f) {
+    torch::serialize::InputArchive r;
+    a.read(fmt::format("reducer.{}", f), r);
+    fragments_[f].reducer->load(r);
+  }
+  for (size_t f = 0; f < fragments_.size(); ++f) {  // a sync in flight needs its fragment's global values
+    if (started[f].item<int64_t>() < 0) continue;
+    for (size_t i : fragments_[f].params) {
+      if (!pending[i].defined()) {
+        throw std::invalid_argument(fmt::format("outer_sync: fragment {}'s sync started at step {} is in flight, and "
+                                                "the checkpoint has no pending.{}", f, started[f].item<int64_t>(), names_[i]));
       }
     }
-    backup_ = std::move(backup), momentum_ = std::move(momentum), pending_ = std::move(pending);
-    for (size_t f = 0; f < fragments_.size(); ++f) fragments_[f].started_at = started[f].item<int64_t>();
-  };
-  return {{"outer_sync", identity, save, load}};
+  }
+  backup_ = std::move(backup), momentum_ = std::move(momentum), pending_ = std::move(pending);
+  for (size_t f = 0; f < fragments_.size(); ++f) fragments_[f].started_at = started[f].item<int64_t>();
 }
 
 }  // namespace optcc

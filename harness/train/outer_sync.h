@@ -36,6 +36,11 @@
 // parameter, the momentum buffers, the global values of fragments whose update is still delayed
 // (with the step they started at), and each fragment's outer reducer state (error feedback, ...).
 // The schedule position is the step itself, so a resume continues mid-period or mid-sync bit-exact.
+//
+// Evaluation measures the global model: the backup weights (each fragment's last landed global
+// value) are swapped into the parameters for the validation pass and the replica's own weights put
+// back after it, bit for bit (global_weights()). Every replica then evaluates the same model, the one
+// DiLoCo would hand over, and the loss does not depend on where in a period the evaluation falls.
 #pragma once
 
 #include <torch/torch.h>
@@ -85,6 +90,28 @@ class OuterSync {
   /// The outer reducer of fragment f (records, plans).
   const GradReducer& reducer(int64_t f) const { return *fragments_.at(f).reducer; }
   int64_t fragments() const { return static_cast<int64_t>(fragments_.size()); }
+  /// While the returned guard lives, every parameter holds its backup (the global value its fragment
+  /// last landed, cast to the parameter's dtype; a sync still in flight, τ > 0, has not landed yet);
+  /// its destruction copies the replica's own weights back, bit for bit. Local: no communication.
+  /// Used around the validation pass (harness/train/trainer.cpp). Costs one copy of the parameters.
+  class GlobalWeights {
+   public:
+    GlobalWeights(GlobalWeights&& other) noexcept : params_(std::move(other.params_)), local_(std::move(other.local_)) {
+      other.params_.clear();
+    }
+    GlobalWeights(const GlobalWeights&) = delete;
+    GlobalWeights& operator=(const GlobalWeights&) = delete;
+    GlobalWeights& operator=(GlobalWeights&&) = delete;
+    ~GlobalWeights();
+
+   private:
+    friend class OuterSync;
+    GlobalWeights(std::vector<torch::Tensor> params, std::vector<torch::Tensor> local)
+        : params_(std::move(params)), local_(std::move(local)) {}
+    std::vector<torch::Tensor> params_, local_;  // the live parameters; the replica's weights to restore
+  };
+  GlobalWeights global_weights();
+
   /// Checkpoint part "outer_sync" (see the top of this file). Loading checks every tensor's shape
   /// against this rank's parameters: std::invalid_argument naming the first difference.
   std::vector<CheckpointPart> checkpoint_parts();
@@ -98,6 +125,8 @@ class OuterSync {
   void start(Fragment& f, int64_t index, int64_t step);
   void apply(Fragment& f, int64_t index);
   void sync_tied_copy();
+  void save_state(torch::serialize::OutputArchive& a) const;  // checkpoint part "outer_sync"
+  void load_state(torch::serialize::InputArchive& a);         // checks shapes, then replaces the state
 
   DilocoConfig opt_;
   GptModel& model_;

@@ -817,7 +817,10 @@ void Trainer::evaluate(int64_t step) {
   if (!data_.valid) return;  // empty validation split (the same on every rank)
   TimelineScope eval_event(EventKind::kEvaluation, Stream::kCompute);
   const TrafficMeter before = d_.meter;  // /traffic is per training step: evaluation's bytes are not counted
+  std::optional<OuterSync::GlobalWeights> global;  // dp_strategy: diloco: the global model (outer_sync.h)
+  if (outer_) global.emplace(outer_->global_weights());
   const double loss = validation_loss(model_, cfg_, d_, *codec_, act_shape_, data_.valid.get());
+  global.reset();  // the replica's own weights back before anything else reads them
   d_.meter = before;
   const Perplexity ppl = perplexity(loss);  // NaN stays NaN; a capped value is marked
   summary_.eval_losses.push_back(loss);

@@ -5,8 +5,8 @@
 //     bit for bit; fragments landing on their own steps, the delayed and
 //     mixed update (τ, α), the tied embedding's copies, plan bytes = metered bytes of `outer`;
 //   - training: one replica with outer lr 1 and no momentum = plain training (H 1-3, F 1-2);
-//     replicas agree after every sync; a resume mid-period and mid-sync continues bit-identically; the
-//     config's refusals.
+//     replicas agree after every sync; evaluation measures the global model and leaves training
+//     alone; a resume mid-period and mid-sync continues bit-identically; the config's refusals.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
@@ -21,6 +21,7 @@
 #include "harness/train/outer_sync.h"
 #include "harness/train/trainer.h"
 #include "tests/support/gloo_ranks.h"
+#include "tests/support/small_training.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
@@ -282,58 +283,11 @@ TEST(OuterSync, TiedCopyFollowsStageZeroAndMeteredBytesEqualThePlan) {
 
 // ---- training ----------------------------------------------------------------------------------
 
-struct Dims {
-  int tp, pp, dp;
-};
+using testing::Dims;
+using testing::TrainedRun;
+using testing::train_small;
 
-Config train_config(const testing::TempDir& dir, Dims d) {
-  Config c;
-  c.data.prefix = dir / "corpus";
-  c.data.dir = dir / "data";
-  c.data.split = "80,20,0";
-  c.log.dir = dir / "results";
-  c.log.run_name = "diloco";
-  c.model.num_layers = 4;
-  c.model.hidden_size = 32;
-  c.model.num_heads = 4;
-  c.model.seq_len = 16;
-  c.model.vocab_divisor = 32;
-  c.model.hidden_dropout = 0.0;
-  c.model.attention_dropout = 0.0;
-  c.parallel.tp = d.tp;
-  c.parallel.pp = d.pp;
-  c.parallel.dp = d.dp;
-  c.train.micro_batch_size = 2;
-  c.train.global_batch_size = 8;
-  c.train.train_steps = 6;
-  c.train.warmup_steps = 1;
-  c.train.lr = 1e-3;
-  c.train.threads = 1;
-  c.train.eval_iters = 2;
-  c.train.eval_interval = 0;
-  return c;
-}
-
-struct RunOut {
-  std::vector<double> losses;
-  std::map<std::string, torch::Tensor> parameters;               // rank 0's
-  std::vector<std::map<std::string, torch::Tensor>> every_rank;  // by global rank
-};
-
-RunOut train(const Config& cfg, Dims dims, std::optional<std::string> resume = std::nullopt) {
-  RunOut out;
-  out.every_rank.resize(dims.tp * dims.pp * dims.dp);
-  testing::run_layout({dims.tp, dims.pp, dims.dp}, [&](int rank, Distributed& dist) {
-    TrainOptions opt;
-    opt.quiet = true;
-    opt.keep_parameters = true;
-    opt.resume = resume;
-    auto s = run_training(cfg, opt, dist);
-    out.every_rank[rank] = s.parameters;
-    if (rank == 0) out.losses = s.train_losses, out.parameters = s.parameters;
-  });
-  return out;
-}
+Config train_config(const testing::TempDir& dir, Dims d) { return testing::small_training_config(dir, d, "diloco"); }
 
 float max_difference(const std::map<std::string, torch::Tensor>& a, const std::map<std::string, torch::Tensor>& b) {
   float worst = 0;
@@ -349,8 +303,8 @@ TEST(DilocoTraining, OneReplicaOuterLrOneNoMomentumEqualsPlainTraining) {
   testing::write_synthetic_corpus(dir / "corpus", 64, 300);
   const Dims dims{1, 2, 1};
   Config plain = train_config(dir, dims);
-  const RunOut base = train(plain, dims);
-  ASSERT_EQ(base.losses.size(), 6u);
+  const TrainedRun base = train_small(plain, dims);
+  ASSERT_EQ(base.train_losses.size(), 6u);
   for (auto [H, F] : {std::pair{1, 1}, {2, 1}, {3, 1}, {2, 2}}) {
     Config c = plain;
     c.log.run_name = fmt::format("diloco-h{}-f{}", H, F);
@@ -359,9 +313,11 @@ TEST(DilocoTraining, OneReplicaOuterLrOneNoMomentumEqualsPlainTraining) {
     c.compression.diloco.fragments = F;
     c.compression.diloco.outer_lr = 1.0;
     c.compression.diloco.outer_momentum = 0.0;
-    const RunOut d = train(c, dims);
-    ASSERT_EQ(d.losses.size(), 6u);
-    for (size_t i = 0; i < 6; ++i) EXPECT_NEAR(d.losses[i], base.losses[i], 1e-5) << "H " << H << " F " << F << " step " << i + 1;
+    const TrainedRun d = train_small(c, dims);
+    ASSERT_EQ(d.train_losses.size(), 6u);
+    for (size_t i = 0; i < 6; ++i) {
+      EXPECT_NEAR(d.train_losses[i], base.train_losses[i], 1e-5) << "H " << H << " F " << F << " step " << i + 1;
+    }
     EXPECT_LT(max_difference(d.parameters, base.parameters), 1e-5) << "H " << H << " F " << F;
   }
 }
@@ -380,7 +336,7 @@ TEST(DilocoTraining, ReplicasAgreeAfterEverySyncAndDifferBetween) {
     c.train.train_steps = steps;
     c.compression.dp_strategy = "diloco";
     c.compression.diloco.inner_steps = 2;
-    const RunOut d = train(c, dims);
+    const TrainedRun d = train_small(c, dims);
     for (int r = 0; r < 4; ++r) {
       const RankCoord me = layout.coord(r);
       if (me.dp != 0) continue;
@@ -396,8 +352,43 @@ TEST(DilocoTraining, ReplicasAgreeAfterEverySyncAndDifferBetween) {
     if (steps == 6) {
       Config allreduce = train_config(dir, dims);
       allreduce.log.run_name = "allreduce";
-      EXPECT_GT(max_difference(d.parameters, train(allreduce, dims).parameters), 1e-6f);
+      EXPECT_GT(max_difference(d.parameters, train_small(allreduce, dims).parameters), 1e-6f);
     }
+  }
+}
+
+// Evaluation under DiLoCo measures the global model (the backup weights) and puts the replicas'
+// own weights back. PP2 x DP2, H 4, F 1, α 0.5 (so even after a sync the replicas hold a mix, not
+// the global model), an evaluation after every step: the global model changes only when a sync
+// lands, so the validation loss is the same at steps 0-3 and at steps 4-7, bit for bit, and moves
+// at 4 and at 8; training with these evaluations is bit-identical to training without them.
+TEST(DilocoTraining, ValidationMeasuresTheGlobalModelAndLeavesTrainingAlone) {
+  testing::TempDir dir;
+  testing::write_synthetic_corpus(dir / "corpus", 64, 300);
+  const Dims dims{1, 2, 2};
+  auto config = [&](int64_t eval_interval) {
+    Config c = train_config(dir, dims);
+    c.log.run_name = fmt::format("diloco-eval-{}", eval_interval);
+    c.train.train_steps = 8;
+    c.train.eval_interval = eval_interval;
+    c.compression.dp_strategy = "diloco";
+    c.compression.diloco.inner_steps = 4;
+    c.compression.diloco.mix = 0.5;
+    return c;
+  };
+  const TrainedRun every = train_small(config(1), dims);
+  ASSERT_EQ(every.eval_losses.size(), 9u);  // steps 0..8
+  const std::vector<double>& eval = every.eval_losses;
+  for (int s : {1, 2, 3}) EXPECT_EQ(eval[s], eval[0]) << "step " << s << ": no sync has landed";
+  for (int s : {5, 6, 7}) EXPECT_EQ(eval[s], eval[4]) << "step " << s << ": the global model of step 4";
+  EXPECT_LT(eval[4], eval[0] - 1e-4) << "the sync at step 4 moved the global model";
+  EXPECT_NE(eval[8], eval[4]) << "the sync at step 8 moved it again";
+  const TrainedRun once = train_small(config(0), dims);
+  ASSERT_EQ(once.eval_losses.size(), 1u);
+  EXPECT_EQ(once.eval_losses[0], eval[8]);
+  EXPECT_EQ(once.train_losses, every.train_losses);
+  for (size_t r = 0; r < every.every_rank.size(); ++r) {
+    EXPECT_EQ(max_difference(every.every_rank[r], once.every_rank[r]), 0.0f) << "rank " << r;
   }
 }
 
@@ -426,11 +417,11 @@ TEST(DilocoTraining, ResumeMidPeriodAndMidSyncIsBitIdentical) {
     }
     return c;
   };
-  const RunOut full = train(config(6, false), dims);
-  train(config(3, true), dims);
-  const RunOut resumed = train(config(6, false), dims, dir / "ckpt");
-  ASSERT_EQ(resumed.losses.size(), 3u);
-  EXPECT_EQ(resumed.losses, std::vector<double>(full.losses.begin() + 3, full.losses.end()));
+  const TrainedRun full = train_small(config(6, false), dims);
+  train_small(config(3, true), dims);
+  const TrainedRun resumed = train_small(config(6, false), dims, dir / "ckpt");
+  ASSERT_EQ(resumed.train_losses.size(), 3u);
+  EXPECT_EQ(resumed.train_losses, std::vector<double>(full.train_losses.begin() + 3, full.train_losses.end()));
   EXPECT_EQ(max_difference(resumed.parameters, full.parameters), 0.0f);
 }
 
@@ -456,11 +447,17 @@ TEST(DilocoConfig, RefusesWhatItCannotRunNamingTheKey) {
   EXPECT_NE(refused([](Config& c) { c.compression.diloco.sync_delay = 16; }).find("diloco.sync_delay"), std::string::npos);
   EXPECT_NE(refused([](Config& c) { c.compression.diloco.mix = 1.5; }).find("diloco.mix"), std::string::npos);
   EXPECT_NE(refused([](Config& c) { c.compression.diloco.outer.name = "zip"; }).find("diloco.outer"), std::string::npos);
-  EXPECT_NE(refused([](Config& c) {
-              c.compression.dp_strategy = "allreduce";
-              c.compression.diloco.inner_steps = 4;
-            }).find("diloco.inner_steps"),
-            std::string::npos);
+  // Under allreduce a diloco: key off its default is refused with its value.
+  const std::string ignored = refused([](Config& c) {
+    c.compression.dp_strategy = "allreduce";
+    c.compression.diloco.inner_steps = 4;
+  });
+  EXPECT_NE(ignored.find("diloco.inner_steps = 4"), std::string::npos) << ignored;
+  // A scheme with fused embedding (cb_fe_sc also sets dp) is told to use cb, before dp is mentioned.
+  const std::string fused = refused([](Config& c) { apply_compression_scheme(c.compression, "cb_fe_sc"); });
+  EXPECT_NE(fused.find("compression.fused_embedding = true (set by compression.scheme = cb_fe_sc)"), std::string::npos)
+      << fused;
+  EXPECT_NE(fused.find("use compression.scheme: cb"), std::string::npos) << fused;
   // Loaded from YAML: a section of its own, and the label names the strategy.
   const Config y = load_config_text("compression: {scheme: cb, dp_strategy: diloco}\n"
                                     "diloco: {inner_steps: 8, fragments: 2, outer: {name: qsgd, levels: 7}}\n",
