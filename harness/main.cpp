@@ -500,7 +500,9 @@ int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
   if (c.data->parsed()) return data_command(c.data_action, cfg, c.data_retrain);
   if (c.bench_step->parsed()) return bench_command(c, cfg);
   if (c.show->parsed()) return config_show_command(cfg);
-  if (c.label->parsed()) {
+  if (c.label->parsed()) {  // a label only for a config a run would accept (vocabulary and corpus aside)
+    if (cfg.model.vocab_size == 0) cfg.model.vocab_size = cfg.data.vocab_size;
+    cfg.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp, Config::BuildLimits::kAnyBuild);
     std::cout << compression_label(cfg.compression) << "\n";
     return 0;
   }

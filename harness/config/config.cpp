@@ -271,7 +271,7 @@ void validate_diloco(const Config& c) {
   }
   if (!k.diloco_on()) {
     Config defaults;
-    std::string changed;
+    std::string changed, value;
     DilocoConfig mine = g;
     defaults.compression.diloco.visit([&](const char* key, auto& def) {
       mine.visit([&](const char* key2, auto& v) {
@@ -280,14 +280,14 @@ void validate_diloco(const Config& c) {
         if constexpr (!std::is_same_v<T, std::decay_t<decltype(def)>>) {
           return;  // another key (visit pairs every key with every key)
         } else if constexpr (std::is_same_v<T, CompressorSpec>) {
-          if (to_yaml_value(v) != to_yaml_value(def) && changed.empty()) changed = key;
+          if (to_yaml_value(v) != to_yaml_value(def) && changed.empty()) changed = key, value = to_yaml_value(v);
         } else {
-          if (v != def && changed.empty()) changed = key;
+          if (v != def && changed.empty()) changed = key, value = fmt::format("{}", v);
         }
       });
     });
     if (!changed.empty()) {
-      fail("diloco." + changed, "(set)", "is only read when compression.dp_strategy is diloco (it is allreduce)",
+      fail("diloco." + changed, value, "is only read when compression.dp_strategy is diloco (it is allreduce)",
            "set compression.dp_strategy: diloco, or remove the diloco: section");
     }
     return;
@@ -320,15 +320,19 @@ void validate_diloco(const Config& c) {
          "use 0 (DiLoCo) or e.g. 0.5");
   }
   validate_reducer("diloco.outer", g.outer);
+  // A scheme's keys are named with the scheme, so cb_fe / cb_fe_sc are told to use cb at once.
+  const std::string by_scheme = k.scheme.empty() ? "" : fmt::format(" (set by compression.scheme = {})", k.scheme);
+  if (k.fused_embedding) {
+    fail("compression.fused_embedding", "true" + by_scheme,
+         "fuses the embedding sync into the every-step DP reduction, which compression.dp_strategy: diloco does not run",
+         k.scheme.empty() ? "set fused_embedding: false (the tied embedding is synced inside each replica)"
+                          : "use compression.scheme: cb (CB on the pipeline; the tied embedding is synced inside each "
+                            "replica) and put a DP compressor under diloco.outer");
+  }
   if (k.dp.name != "none") {
-    fail("compression.dp", "'" + k.dp.name + "'",
+    fail("compression.dp", "'" + k.dp.name + "'" + by_scheme,
          "reduces every step's gradients, and compression.dp_strategy is diloco (the replicas exchange only outer gradients)",
          "set compression.dp: none and put the compressor under diloco.outer (e.g. {name: qsgd, levels: 7})");
-  }
-  if (k.fused_embedding) {
-    fail("compression.fused_embedding", "true",
-         "fuses the embedding sync into the every-step DP reduction, which compression.dp_strategy: diloco does not run",
-         "set fused_embedding: false (the tied embedding is synced inside each replica; scheme cb, not cb_fe)");
   }
 }
 

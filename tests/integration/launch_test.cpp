@@ -96,4 +96,16 @@ TEST(ConfigShow, InvalidValueFails) {
   EXPECT_THAT(r.output, ::testing::HasSubstr("parallel.tp"));
 }
 
+// `config label` labels only what a run would accept: a bad value fails there too, naming the key,
+// and a good config prints its label.
+TEST(ConfigLabel, ValidatesBeforeLabelling) {
+  const std::string config = std::string(" --config ") + OPTCC_SOURCE_DIR + "/experiments/demo.yaml";
+  auto bad = run("config label" + config + " --set compression.dp_strategy=diloco --set diloco.mix=1.5");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_THAT(bad.output, ::testing::HasSubstr("diloco.mix = 1.5"));
+  auto good = run("config label" + config + " --set compression.scheme=cb");
+  EXPECT_EQ(good.exit_code, 0) << good.output;
+  EXPECT_THAT(good.output, ::testing::HasSubstr("cb"));
+}
+
 }  // namespace
