@@ -52,7 +52,13 @@ std::string describe_scheme(const Config& cfg) {
                      "fused_embedding={} | embedding={} | tp={}",
                      k.scheme.empty() ? "-" : k.scheme, to_yaml_value(k.dp), k.dp_stages.text(), to_yaml_value(k.pipeline_backward),
                      to_string(k.backward_phases), to_string(k.lep), to_yaml_value(k.pipeline_forward), k.fused_embedding ? "on" : "off",
-                     to_yaml_value(k.embedding), to_yaml_value(k.tp));
+                     to_yaml_value(k.embedding), to_yaml_value(k.tp)) +
+         (k.diloco_on() ? fmt::format("\ndp_strategy diloco: inner_steps H={} fragments F={} sync_delay τ={} mix α={} | outer "
+                                      "lr {} momentum {}{} | outer={} (bytes per iteration: a period's over H)",
+                                      k.diloco.inner_steps, k.diloco.fragments, k.diloco.sync_delay, k.diloco.mix,
+                                      k.diloco.outer_lr, k.diloco.outer_momentum, k.diloco.nesterov ? " nesterov" : "",
+                                      to_yaml_value(k.diloco.outer))
+                        : "");
 }
 
 }  // namespace
