@@ -261,37 +261,35 @@ void validate_codec(const Config& c, const std::string& where, const CompressorS
   }
 }
 
-// compression.dp_strategy and the diloco: section (config.h documents the keys).
-void validate_diloco(const Config& c) {
-  const auto& k = c.compression;
-  const DilocoConfig& g = k.diloco;
-  if (k.dp_strategy != "allreduce" && k.dp_strategy != "diloco") {
-    fail("compression.dp_strategy", "'" + k.dp_strategy + "'", "must be allreduce or diloco",
-         "use allreduce (a gradient reducer every step) or diloco (the diloco: section)");
-  }
-  if (!k.diloco_on()) {
-    Config defaults;
-    std::string changed, value;
-    DilocoConfig mine = g;
-    defaults.compression.diloco.visit([&](const char* key, auto& def) {
-      mine.visit([&](const char* key2, auto& v) {
-        if (std::string(key) != key2) return;
-        using T = std::decay_t<decltype(v)>;
-        if constexpr (!std::is_same_v<T, std::decay_t<decltype(def)>>) {
-          return;  // another key (visit pairs every key with every key)
-        } else if constexpr (std::is_same_v<T, CompressorSpec>) {
-          if (to_yaml_value(v) != to_yaml_value(def) && changed.empty()) changed = key, value = to_yaml_value(v);
-        } else {
-          if (v != def && changed.empty()) changed = key, value = fmt::format("{}", v);
-        }
-      });
+// Under dp_strategy allreduce: a diloco: key that differs from its default would look like DiLoCo
+// and run all-reduce, so it is refused, naming the first such key and its value.
+void refuse_diloco_keys_under_allreduce(const Config& c) {
+  const DilocoConfig& g = c.compression.diloco;
+  Config defaults;
+  std::string changed, value;
+  DilocoConfig mine = g;
+  defaults.compression.diloco.visit([&](const char* key, auto& def) {
+    mine.visit([&](const char* key2, auto& v) {
+      if (std::string(key) != key2) return;
+      using T = std::decay_t<decltype(v)>;
+      if constexpr (!std::is_same_v<T, std::decay_t<decltype(def)>>) {
+        return;  // another key (visit pairs every key with every key)
+      } else if constexpr (std::is_same_v<T, CompressorSpec>) {
+        if (to_yaml_value(v) != to_yaml_value(def) && changed.empty()) changed = key, value = to_yaml_value(v);
+      } else {
+        if (v != def && changed.empty()) changed = key, value = fmt::format("{}", v);
+      }
     });
-    if (!changed.empty()) {
-      fail("diloco." + changed, value, "is only read when compression.dp_strategy is diloco (it is allreduce)",
-           "set compression.dp_strategy: diloco, or remove the diloco: section");
-    }
-    return;
+  });
+  if (!changed.empty()) {
+    fail("diloco." + changed, value, "is only read when compression.dp_strategy is diloco (it is allreduce)",
+         "set compression.dp_strategy: diloco, or remove the diloco: section");
   }
+}
+
+// The diloco: section's own ranges (config.h documents the keys).
+void validate_diloco_keys(const Config& c) {
+  const DilocoConfig& g = c.compression.diloco;
   if (g.inner_steps < 1) {
     fail("diloco.inner_steps", std::to_string(g.inner_steps), "must be >= 1 (optimizer steps between two syncs)",
          "use e.g. 16");
@@ -320,6 +318,11 @@ void validate_diloco(const Config& c) {
          "use 0 (DiLoCo) or e.g. 0.5");
   }
   validate_reducer("diloco.outer", g.outer);
+}
+
+// The compression keys DiLoCo cannot run with: those that act on the every-step DP reduction.
+void validate_diloco_with_compression(const Config& c) {
+  const auto& k = c.compression;
   // A scheme's keys are named with the scheme, so cb_fe / cb_fe_sc are told to use cb at once.
   const std::string by_scheme = k.scheme.empty() ? "" : fmt::format(" (set by compression.scheme = {})", k.scheme);
   if (k.fused_embedding) {
@@ -334,6 +337,21 @@ void validate_diloco(const Config& c) {
          "reduces every step's gradients, and compression.dp_strategy is diloco (the replicas exchange only outer gradients)",
          "set compression.dp: none and put the compressor under diloco.outer (e.g. {name: qsgd, levels: 7})");
   }
+}
+
+// compression.dp_strategy and the diloco: section.
+void validate_diloco(const Config& c) {
+  const auto& k = c.compression;
+  if (k.dp_strategy != "allreduce" && k.dp_strategy != "diloco") {
+    fail("compression.dp_strategy", "'" + k.dp_strategy + "'", "must be allreduce or diloco",
+         "use allreduce (a gradient reducer every step) or diloco (the diloco: section)");
+  }
+  if (!k.diloco_on()) {
+    refuse_diloco_keys_under_allreduce(c);
+    return;
+  }
+  validate_diloco_keys(c);
+  validate_diloco_with_compression(c);
 }
 
 void validate_compression(const Config& c) {
