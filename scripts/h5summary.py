@@ -20,13 +20,7 @@ try:
     import numpy as np
 except ImportError as e:
     sys.exit(f"h5summary.py: {e}; install h5py (apt install python3-h5py) or run with /usr/bin/python3")
-
-
-def open_results(path):
-    try:
-        return h5py.File(path, "r", swmr=True)
-    except OSError:
-        return h5py.File(path, "r")  # not an SWMR-capable (v110) file: plain open
+from optcc_results import open_results  # noqa: E402  (beside this script)
 
 
 def text(value):

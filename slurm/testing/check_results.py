@@ -13,15 +13,10 @@ import json
 import os
 import sys
 
-import h5py
 import yaml
 
-
-def open_results(path):
-    try:
-        return h5py.File(path, "r", swmr=True)
-    except OSError:
-        return h5py.File(path, "r")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from optcc_results import open_results  # noqa: E402  (SWMR read: also while a run flushes)
 
 
 def results_path(plan, root, run):

@@ -77,7 +77,9 @@ run=("${data[@]}" --set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2 --
      --set train.eval_interval=0 --set log.interval=1 --set parallel.timeout_seconds=20 --set log.dir="$tmp/train")
 
 # Every step's loss of a results file, one per line.
-losses() { "$PYTHON" -c 'import h5py,sys; print("\n".join(repr(float(x)) for x in h5py.File(sys.argv[1], "r")["train"]["loss"][:]))' "$1"; }
+# Read through scripts/optcc_results.py's open_results (SWMR): a plain h5py.File(path, "r") fails with
+# "file is already open for write" whenever it lands inside one of the live run's flushes.
+losses() { PYTHONPATH=scripts "$PYTHON" -c 'import sys, optcc_results as R; print("\n".join(repr(float(x)) for x in R.open_results(sys.argv[1])["train"]["loss"][:]))' "$1"; }
 # The state of job $1 once it has left the queue (waits at most timeout_s).
 wait_job() {
   local deadline=$((SECONDS + timeout_s))
@@ -151,7 +153,7 @@ until [ "$(losses "$resumed" 2>/dev/null | wc -l)" -ge 2 ]; do
   [ $SECONDS -lt $deadline ] || { ls "$tmp/train" >&2; fail "the requeued job $job wrote no $resumed"; }
   sleep 0.5
 done
-first=$("$PYTHON" -c 'import h5py,sys; print(int(h5py.File(sys.argv[1], "r")["train"]["step"][0]))' "$resumed")
+first=$(PYTHONPATH=scripts "$PYTHON" -c 'import sys, optcc_results as R; print(int(R.open_results(sys.argv[1])["train"]["step"][0]))' "$resumed")
 [ "$first" -eq $((before + 1)) ] || fail "the resumed part starts at step $first, not $((before + 1))"
 [ "$(losses "$tmp/train/smoke-$job.h5" | wc -l)" -eq "$rows_before" ] || fail "the first part's rows changed"
 scancel "$job"  # SIGTERM: the ranks checkpoint and exit 75; slurm/stoppable leaves the job cancelled

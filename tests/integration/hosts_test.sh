@@ -80,7 +80,9 @@ run=("${cfg[@]}" --set train.threads=1 --set train.eval_interval=0 --set log.int
 layout=(--set parallel.tp=2 --set parallel.pp=2 --set parallel.dp=2)
 
 # Final-step losses of a results file, one per line.
-losses() { "$PYTHON" -c 'import h5py,sys; print("\n".join(repr(float(x)) for x in h5py.File(sys.argv[1], "r")["train"]["loss"][:]))' "$1"; }
+# Read through scripts/optcc_results.py's open_results (SWMR): a plain h5py.File(path, "r") fails with
+# "file is already open for write" whenever it lands inside one of the live run's flushes.
+losses() { PYTHONPATH=scripts "$PYTHON" -c 'import sys, optcc_results as R; print("\n".join(repr(float(x)) for x in R.open_results(sys.argv[1])["train"]["loss"][:]))' "$1"; }
 
 step "2. TP2 x PP2 x DP2 across two hosts (optcc's launcher on each) against one host"
 across=("${run[@]}" "${layout[@]}" --set train.train_steps=4 --set log.dir="$tmp/across" --set log.run_name=r)
