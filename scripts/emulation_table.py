@@ -3,11 +3,12 @@
 
   emulation_table.py RUN.h5 [RUN.h5 ...] [--warmup N] [--json]
 
-One row per file (put the baseline first): the scheme (root attribute compression_scheme), the
-median step time over the steps after the first N (default 3) that neither evaluated nor recorded
-a timeline (/train/step_seconds; evaluation runs after a step but is outside step_seconds anyway),
-the number of steps in that median, the speed-up against the first file (its median / this
-median), emulated seconds per step of the inter-node link (/traffic, all ranks), the step split
+One row per file (put the baseline first): the scheme (root attribute compression_scheme; under
+DiLoCo with its H), the step time over the steps optcc_results.Run.timed_steps picks after the first N
+(default 3): the median over the steps that recorded no timeline, or under DiLoCo the mean over whole
+periods of H steps, which holds the outer exchange's step (/train/step_seconds; evaluation runs after a
+step and is outside step_seconds), the number of those steps, the speed-up against the first file (its
+step time / this one), emulated seconds per step of the inter-node link (/traffic, all ranks), the step split
 into rank 0's pipeline schedule (forward/backward and p2p: compute-dominated) and what follows it
 (DP, embedding sync, optimizer: where FE and SC act), and the mean /breakdown of the recorded
 timeline steps (ms on the critical-path rank, harness/train/breakdown.h).
@@ -33,20 +34,24 @@ CATEGORIES = ["compute", "tp", "pp_fwd", "pp_bwd", "dp", "embedding", "compressi
 
 def summarise_run(run, warmup):
     """The row of one run (optcc_results.Run: its files merged), as documented at the top."""
-    row = {"file": ";".join(f.path for f in run.files), "scheme": run.attr("compression_scheme", "(none)")}
+    scheme = run.attr("compression_scheme", "(none)")
+    if run.outer_period():
+        scheme += f" + diloco H {run.outer_period()}"
+    row = {"file": ";".join(f.path for f in run.files), "scheme": scheme}
     train = run.table("train")
-    steps, seconds = train["step"], train["step_seconds"]
-    recorded = run.table("breakdown").get("step", np.array([], dtype=np.int64))
-    keep = (steps > warmup) & ~np.isin(steps, recorded)
-    row["steps_in_median"] = int(keep.sum())
-    row["median_step_s"] = float(np.median(seconds[keep])) if keep.any() else float("nan")
+    timed, statistic = run.timed_steps(warmup)
+    keep = np.isin(train["step"], timed)
+    stat = np.median if statistic == "median" else np.mean
+    row["statistic"] = statistic
+    row["steps_timed"] = int(keep.sum())
+    row["step_s"] = float(stat(train["step_seconds"][keep])) if keep.any() else float("nan")
     tm = run.table("timing")
-    rank0 = (tm["rank"] == 0) & np.isin(tm["step"], steps[keep]) if tm else np.array([], dtype=bool)
+    rank0 = (tm["rank"] == 0) & np.isin(tm["step"], timed) if tm else np.array([], dtype=bool)
     pipe = tm["pipeline_seconds"][rank0] if tm else np.array([])
-    row["pipeline_s"] = float(np.median(pipe)) if len(pipe) else float("nan")
-    row["after_pipeline_s"] = float(np.median(tm["step_seconds"][rank0] - pipe)) if len(pipe) else float("nan")
+    row["pipeline_s"] = float(stat(pipe)) if len(pipe) else float("nan")
+    row["after_pipeline_s"] = float(stat(tm["step_seconds"][rank0] - pipe)) if len(pipe) else float("nan")
     t = run.table("traffic")
-    inter = (t["link"] == 1) & np.isin(t["step"], steps[keep]) if t else np.array([], dtype=bool)
+    inter = (t["link"] == 1) & np.isin(t["step"], timed) if t else np.array([], dtype=bool)
     emulated = float(t["emulated_seconds"][inter].sum()) if t else 0.0
     row["inter_emulated_s_per_step"] = emulated / max(1, keep.sum())
     b = run.table("breakdown")
@@ -68,18 +73,18 @@ def main():
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     rows = [summarise(p, a.warmup) for p in a.files]
-    base, p0, a0 = rows[0]["median_step_s"], rows[0]["pipeline_s"], rows[0]["after_pipeline_s"]
+    base, p0, a0 = rows[0]["step_s"], rows[0]["pipeline_s"], rows[0]["after_pipeline_s"]
     for r in rows:
-        r["speedup"] = base / r["median_step_s"]
+        r["speedup"] = base / r["step_s"]
         r["speedup_equal_compute"] = (p0 + a0) / (p0 + r["after_pipeline_s"])
     if a.json:
         print(json.dumps(rows, indent=1))
         return
-    print("| scheme | median step (s) | steps | speed-up | pipeline (s) | after pipeline (s) "
+    print("| scheme | step (s) | over steps | speed-up | pipeline (s) | after pipeline (s) "
           "| speed-up at equal compute | inter-node emulated s/step (all ranks) |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['scheme']} | {r['median_step_s']:.3f} | {r['steps_in_median']} | {r['speedup']:.3f} "
+        print(f"| {r['scheme']} | {r['step_s']:.3f} | {r['steps_timed']} ({r['statistic']}) | {r['speedup']:.3f} "
               f"| {r['pipeline_s']:.3f} | {r['after_pipeline_s']:.3f} | {r['speedup_equal_compute']:.3f} "
               f"| {r['inter_emulated_s_per_step']:.3f} |")
     print()

@@ -147,7 +147,9 @@ def print_short(path):
         print("  no validation yet (train.eval_interval)")
     seconds, tokens = run.step_time()
     if seconds == seconds:
-        print(f"  speed: {tokens:,.0f} tokens/s, {seconds:.3f} s/step (median after the third step)")
+        rule = "median after the third step" if run.timed_steps()[1] == "median" else \
+            "mean over whole DiLoCo periods after the third step"
+        print(f"  speed: {tokens:,.0f} tokens/s, {seconds:.3f} s/step ({rule})")
     sent = run.bytes_per_step()
     if sent:
         data = sum(sent[c] for c in R.DATA_CLASSES)

@@ -253,17 +253,37 @@ class Run:
             return None
         return int(e["step"][-1]), float(e["loss"][-1]), float(e["ppl"][-1])
 
-    def step_time(self, warmup=3):
-        """Median step seconds and tokens/s over the steps after `warmup` that recorded no timeline
-        (NaN when there are none)."""
+    def timed_steps(self, warmup=3):
+        """(steps, statistic): the training steps a step time is taken over, and "median" or "mean".
+        Without DiLoCo: the steps after `warmup` that recorded no timeline (/breakdown), median (robust
+        to a slow step). Under DiLoCo (outer_period H): the whole periods after `warmup`, steps k*H+1 ..
+        (k+1)*H, timeline steps included, mean: the outer exchange costs one step in H (per fragment),
+        which a median would leave out. Empty when no such step (or period) was recorded."""
         t = self.table("train")
         if not t or not len(t["step"]):
+            return np.array([], dtype=np.int64), "median"
+        steps = np.asarray(t["step"])
+        period = self.outer_period()
+        if not period:
+            recorded = self.table("breakdown").get("step", np.array([], dtype=np.int64))
+            return steps[(steps > warmup) & ~np.isin(steps, recorded)], "median"
+        first = period * -(-warmup // period) + 1  # the first period that starts after the warm-up
+        whole = (int(steps.max()) - first + 1) // period
+        return steps[(steps >= first) & (steps < first + whole * period)], "mean"
+
+    def step_time(self, warmup=3):
+        """Step seconds and tokens/s over timed_steps(warmup), by its statistic (NaN when there are
+        none; tokens/s = the config's tokens per step / that step time under DiLoCo's mean)."""
+        t = self.table("train")
+        steps, statistic = self.timed_steps(warmup)
+        if not len(steps):
             return float("nan"), float("nan")
-        recorded = self.table("breakdown").get("step", np.array([], dtype=np.int64))
-        keep = (t["step"] > warmup) & ~np.isin(t["step"], recorded)
-        if not keep.any():
-            return float("nan"), float("nan")
-        return float(np.median(t["step_seconds"][keep])), float(np.median(t["tokens_per_second"][keep]))
+        keep = np.isin(t["step"], steps)
+        if statistic == "median":
+            return float(np.median(t["step_seconds"][keep])), float(np.median(t["tokens_per_second"][keep]))
+        seconds = float(np.mean(t["step_seconds"][keep]))
+        tokens = t["tokens_per_second"][keep] * t["step_seconds"][keep]  # each step's tokens
+        return seconds, float(np.mean(tokens)) / seconds
 
     def outer_period(self):
         """DiLoCo's period H (diloco.inner_steps) when the run's compression.dp_strategy is diloco, else

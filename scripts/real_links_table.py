@@ -54,8 +54,8 @@ def main():
     for s in schemes:
         r = {"scheme": s, "simulated_s": sim[s]}
         for mode in ("real", "emu"):
-            r[mode] = [runs[mode, s, t]["median_step_s"] for t in tags]
-            r[mode + "_speedup"] = [runs[mode, schemes[0], t]["median_step_s"] / runs[mode, s, t]["median_step_s"]
+            r[mode] = [runs[mode, s, t]["step_s"] for t in tags]
+            r[mode + "_speedup"] = [runs[mode, schemes[0], t]["step_s"] / runs[mode, s, t]["step_s"]
                                    for t in tags]
             r[mode + "_breakdown_ms"] = {c: sum(runs[mode, s, t].get(f"{c}_ms", 0.0) for t in tags) / len(tags)
                                          for c in CATEGORIES + ["breakdown_step"]}

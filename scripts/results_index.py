@@ -14,7 +14,8 @@ winning (scripts/optcc_results.py explains the merge and the statuses). Columns:
   compression        what the run compresses (root attribute compression: baseline, a scheme's
                      name, or e.g. dp=powersgd(rank=4); "" in files written before it was recorded)
   scheme, seed, layout      compression_scheme, train.seed, "tp=.. pp=.. dp=.."
-  step_seconds       median over the steps after the third (timeline steps left out);
+  step_seconds       median over the steps after the third (timeline steps left out; DiLoCo:
+                     mean over the whole periods after the third step, outer exchange included);
   tokens_per_second  the same for tokens/s
   bytes_per_step     bytes all ranks sent per training step (tp, pp, dp, embedding, outer; not
                      control), mean of the last 20 steps (DiLoCo: of the last whole periods)

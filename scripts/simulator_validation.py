@@ -47,9 +47,9 @@ def main():
     for path in args.files:
         m = summarise(path, args.warmup)
         p = predict(args, m["scheme"])
-        err = (p["iteration_s"] - m["median_step_s"]) / m["median_step_s"]
+        err = (p["iteration_s"] - m["step_s"]) / m["step_s"]
         worst = max(worst, abs(err))
-        rows.append({"scheme": m["scheme"], "measured_s": m["median_step_s"], "predicted_s": p["iteration_s"],
+        rows.append({"scheme": m["scheme"], "measured_s": m["step_s"], "predicted_s": p["iteration_s"],
                      "error": err, "file": path})
     if args.json:
         print(json.dumps(rows, indent=2))

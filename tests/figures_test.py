@@ -282,6 +282,32 @@ class FiguresTest(unittest.TestCase):
                                                                       "tp": 1000.0, "outer": outer / 16})
             self.assertEqual(runs["plain-seed1"].bytes_per_step()["outer"], outer / 20)
 
+    def test_step_time_under_diloco_is_the_mean_over_whole_periods(self):
+        """Steps take 1 s except the outer exchange's (every H = 16th: 5 s). Under DiLoCo the step time is
+        the mean over the whole periods after the warm-up, steps 17..32 (1 period of the 40 steps):
+        (15 + 5) / 16 = 1.25 s, tokens/s 256 / 1.25; the same rows under all-reduce give the median, 1 s."""
+        sys.path.insert(0, os.path.join(SOURCE, "scripts"))
+        import optcc_results as R
+        with tempfile.TemporaryDirectory() as root:
+            os.makedirs(os.path.join(root, "d"))
+            for name, strategy in (("diloco-seed1", "diloco"), ("plain-seed1", "allreduce")):
+                a = attrs_of("baseline", 1, name, "2026-01-01T00:00:00Z")
+                cfg = yaml.safe_load(a["config"])
+                cfg["compression"]["dp_strategy"] = strategy
+                cfg["diloco"] = {"inner_steps": 16}
+                a["config"] = yaml.safe_dump(cfg)
+                rows = {k: [] for k in TABLES}
+                for step in range(1, 41):
+                    seconds = 5.0 if step % 16 == 0 else 1.0
+                    rows["train"].append([step, 5.0, 1e-3, 1.0, seconds, 256.0 / seconds])
+                write_file(os.path.join(root, "d", f"{name}.h5"), a, rows)
+            runs = {r.name: r for r in R.load_runs(root)}
+            steps, statistic = runs["diloco-seed1"].timed_steps()
+            self.assertEqual((steps.tolist(), statistic), (list(range(17, 33)), "mean"))
+            self.assertEqual(runs["diloco-seed1"].step_time(), (1.25, 256.0 / 1.25))
+            self.assertEqual(runs["plain-seed1"].timed_steps()[1], "median")
+            self.assertEqual(runs["plain-seed1"].step_time(), (1.0, 256.0))
+
     def test_figures_files(self):
         self.assertEqual(self.fig_run.returncode, 0, self.fig_run.stdout + self.fig_run.stderr)
         self.assertNotIn("Traceback", self.fig_run.stdout + self.fig_run.stderr)

@@ -37,7 +37,8 @@ def summary_table(experiment, configs, ref, why):
              "valid ppl/loss: last evaluation of each run; mean ± sample std (n - 1) over seeds of the complete runs "
              "(partial runs: up to their last flush)",
              "Δ loss: this run's final valid loss minus the reference run's of the same seed",
-             "tokens/s and speed-up: median step time after step 3 (timeline steps left out), mean over seeds; "
+             "tokens/s and speed-up: median step time after step 3 (timeline steps left out; DiLoCo: mean over the "
+             "whole periods of diloco.inner_steps steps after step 3, which hold the outer exchange), mean over seeds; "
              "speed-up = reference step time / this step time",
              "MB/step: bytes all ranks sent per training step, mean of the last 20 steps (DiLoCo: of the last "
              "whole periods of diloco.inner_steps steps, at least 20; control traffic left out)"]

@@ -26,15 +26,16 @@ def breakdown_outputs(experiment, configs, ref):
     ax.legend(ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25))
     footnote(fig, runs_note(experiment, [c for c, _ in rows], lambda c: [r for r in c.used if r.rows("breakdown")]))
     header = ["configuration", "step ms"] + [f"{k} ms" for k in emulation_table.CATEGORIES] + \
-        ["median step s", "speed-up", "speed-up at equal compute", "inter-node emulated s/step (all ranks)"]
+        ["step s", "speed-up", "speed-up at equal compute", "inter-node emulated s/step (all ranks)"]
     body = []
     for c, m in rows:
         eq = (base["pipeline_s"] + base["after_pipeline_s"]) / (base["pipeline_s"] + m["after_pipeline_s"])
         body.append([c.display(), f"{m['breakdown_step_ms']:.1f}"] +
                     [f"{m[k + '_ms']:.1f}" for k in emulation_table.CATEGORIES] +
-                    [f"{m['median_step_s']:.3f}", f"{base['median_step_s'] / m['median_step_s']:.3f}", f"{eq:.3f}",
+                    [f"{m['step_s']:.3f}", f"{base['step_s'] / m['step_s']:.3f}", f"{eq:.3f}",
                      f"{m['inter_emulated_s_per_step']:.3f}"])
     notes = ["breakdown: mean over the timeline steps (log.timeline_steps) and seeds; the other columns: "
-             "scripts/emulation_table.py defines them (median over the steps after the third); the emulated "
+             "scripts/emulation_table.py defines them (median over the steps after the third; under DiLoCo the mean over "
+             "its whole periods of H steps, outer exchange included); the emulated "
              "inter-node seconds do not depend on the machine's load, the measured times do"]
     return fig, Table(f"{experiment}: time breakdown per step", header, body, notes)
