@@ -242,13 +242,22 @@ void validate_train(const Config& c, bool this_build) {
   check_precision(t, this_build);
 }
 
+// The fix for a compressor the registry refused: a known name had a bad option (keep the name, correct
+// the option: the message says which and what it takes), else the name itself is wrong.
+std::string compressor_fix(const std::string& name, const std::vector<std::string>& known) {
+  if (std::find(known.begin(), known.end(), name) != known.end()) {
+    return fmt::format("keep {} and correct the option the message names (docs/compression.md lists its options)", name);
+  }
+  return fmt::format("pick one of {} with its documented options", fmt::join(known, ", "));
+}
+
 void validate_reducer(const std::string& where, const CompressorSpec& spec) {
   Registry<GradReducer> registry;
   register_builtin_grad_reducers(registry);
   try {
     (void)registry.create(spec.name, spec.options);  // validates the name and options now
   } catch (const std::exception& e) {
-    fail(where, "'" + spec.name + "'", e.what(), "pick a listed compressor and its documented options");
+    fail(where, "'" + spec.name + "'", e.what(), compressor_fix(spec.name, registry.names()));
   }
 }
 
@@ -256,9 +265,20 @@ void validate_codec(const Config& c, const std::string& where, const CompressorS
   try {
     (void)make_act_codec(spec.name, pipeline_codec_options(c, spec));
   } catch (const std::exception& e) {
-    fail(where, "'" + spec.name + "'", e.what(),
-         fmt::format("pick one of {} with its documented options", fmt::join(act_codec_names(), ", ")));
+    fail(where, "'" + spec.name + "'", e.what(), compressor_fix(spec.name, act_codec_names()));
   }
+}
+
+// What compression.scheme alone sets (the defaults when there is none): a refusal names the scheme as
+// the origin of a key only when the scheme set that key to the value refused.
+CompressionConfig scheme_preset(const CompressionConfig& k) {
+  CompressionConfig preset;
+  apply_compression_scheme(preset, k.scheme);
+  return preset;
+}
+
+std::string set_by_scheme(const CompressionConfig& k, bool scheme_sets_it) {
+  return scheme_sets_it ? fmt::format(" (set by compression.scheme = {})", k.scheme) : "";
 }
 
 // Under dp_strategy allreduce: a diloco: key that differs from its default would look like DiLoCo
@@ -323,17 +343,19 @@ void validate_diloco_keys(const Config& c) {
 // The compression keys DiLoCo cannot run with: those that act on the every-step DP reduction.
 void validate_diloco_with_compression(const Config& c) {
   const auto& k = c.compression;
-  // A scheme's keys are named with the scheme, so cb_fe / cb_fe_sc are told to use cb at once.
-  const std::string by_scheme = k.scheme.empty() ? "" : fmt::format(" (set by compression.scheme = {})", k.scheme);
+  // A key the scheme set is named with the scheme, so cb_fe / cb_fe_sc are told to use cb at once; one
+  // the user set (over any scheme) is told to unset it.
+  const CompressionConfig preset = scheme_preset(k);
   if (k.fused_embedding) {
-    fail("compression.fused_embedding", "true" + by_scheme,
+    const bool by_scheme = preset.fused_embedding;
+    fail("compression.fused_embedding", "true" + set_by_scheme(k, by_scheme),
          "fuses the embedding sync into the every-step DP reduction, which compression.dp_strategy: diloco does not run",
-         k.scheme.empty() ? "set fused_embedding: false (the tied embedding is synced inside each replica)"
-                          : "use compression.scheme: cb (CB on the pipeline; the tied embedding is synced inside each "
-                            "replica) and put a DP compressor under diloco.outer");
+         by_scheme ? "use compression.scheme: cb (CB on the pipeline; the tied embedding is synced inside each "
+                     "replica) and put a DP compressor under diloco.outer"
+                   : "set compression.fused_embedding: false (the tied embedding is synced inside each replica)");
   }
   if (k.dp.name != "none") {
-    fail("compression.dp", "'" + k.dp.name + "'" + by_scheme,
+    fail("compression.dp", "'" + k.dp.name + "'" + set_by_scheme(k, preset.dp.name == k.dp.name),
          "reduces every step's gradients, and compression.dp_strategy is diloco (the replicas exchange only outer gradients)",
          "set compression.dp: none and put the compressor under diloco.outer (e.g. {name: qsgd, levels: 7})");
   }
@@ -414,7 +436,7 @@ void check_grad_reduce_dtype(const Config& c) {
          fmt::format("acts on the DP gradients reduced uncompressed, and compression.dp = {}{} compresses them on "
                      "all {} stages (compression.dp_stages = {})",
                      c.compression.dp.name,
-                     c.compression.scheme.empty() ? "" : fmt::format(" (set by compression.scheme = {})", c.compression.scheme),
+                     set_by_scheme(c.compression, scheme_preset(c.compression).dp.name == c.compression.dp.name),
                      c.parallel.pp, c.compression.dp_stages.text()),
          cast ? fmt::format("set parallel.grad_reduce_dtype: fp32 (compression.dp: {} already sends every DP gradient "
                             "in 16 bits)", c.compression.dp.name)

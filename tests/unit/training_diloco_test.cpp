@@ -458,6 +458,27 @@ TEST(DilocoConfig, RefusesWhatItCannotRunNamingTheKey) {
   EXPECT_NE(fused.find("compression.fused_embedding = true (set by compression.scheme = cb_fe_sc)"), std::string::npos)
       << fused;
   EXPECT_NE(fused.find("use compression.scheme: cb"), std::string::npos) << fused;
+  // Keys the user set over a scheme that does not set them are not blamed on the scheme.
+  const std::string user_fe = refused([](Config& c) {
+    apply_compression_scheme(c.compression, "baseline");
+    c.compression.fused_embedding = true;
+  });
+  EXPECT_NE(user_fe.find("compression.fused_embedding = true: "), std::string::npos) << user_fe;
+  EXPECT_NE(user_fe.find("set compression.fused_embedding: false"), std::string::npos) << user_fe;
+  const std::string user_dp = refused([](Config& c) {
+    apply_compression_scheme(c.compression, "cb");
+    c.compression.dp.name = "fp16";
+  });
+  EXPECT_NE(user_dp.find("compression.dp = 'fp16': "), std::string::npos) << user_dp;
+  // A known compressor with a bad option keeps its name in the fix; an unknown name gets the list.
+  const std::string bits = refused([](Config& c) {
+    c.compression.diloco.outer.name = "qsgd";
+    c.compression.diloco.outer.options.reset(YAML::Node(YAML::NodeType::Map));
+    c.compression.diloco.outer.options["bits"] = 5;
+  });
+  EXPECT_NE(bits.find("Fix: keep qsgd and correct the option"), std::string::npos) << bits;
+  EXPECT_NE(refused([](Config& c) { c.compression.diloco.outer.name = "zip"; }).find("Fix: pick one of"),
+            std::string::npos);
   // Loaded from YAML: a section of its own, and the label names the strategy.
   const Config y = load_config_text("compression: {scheme: cb, dp_strategy: diloco}\n"
                                     "diloco: {inner_steps: 8, fragments: 2, outer: {name: qsgd, levels: 7}}\n",
