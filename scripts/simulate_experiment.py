@@ -4,13 +4,18 @@ discrete-event replay, harness/perfmodel/simulator.h) run on every value of the 
 with that value's --set list, as `optcc sweep --json` expands it (seeds left out: they change no time).
 
   simulate_experiment.py EXPERIMENT [--scale paper] [--profile paper-a100-ib200] [--no-recompute]
-                         [--optcc build/optcc] [--json]
+                         [--set KEY=VALUE ...] [--optcc build/optcc] [--json]
 
 Prints a Markdown table: row, predicted iteration (s; under compression.dp_strategy diloco the mean over
 a period of H iterations, the outer exchanges included), speed-up against the first row, the share of
 the iteration in inter-node classes, and the critical rank's milliseconds per class (its plain
-iteration's). Recompute is on by default, as in the paper's runs. Nothing runs but the model: the
-numbers hold for the profile's hardware, not this machine.
+iteration's: under DiLoCo its outer exchanges are in the iteration column's period mean, not in the class
+columns). Recompute is on by default, as in the paper's runs. --set adds overrides to every row (e.g.
+model.vocab_size=N where no tokenizer is prepared). Nothing runs but the model: the numbers hold for the
+profile's hardware, not this machine; a GPU profile computes the cpu scale's mini model in about a
+millisecond, so for that scale pass --profile a machine profile of your own (`optcc calibrate`). The
+inter-node share counts the classes that cross nodes in the profile's placement (dp, embedding, pp,
+outer), as `optcc simulate` reports it.
 """
 import argparse
 import json
@@ -28,6 +33,7 @@ def main():
     ap.add_argument("--profile", default="paper-a100-ib200")
     ap.add_argument("--no-recompute", action="store_true")
     ap.add_argument("--optcc", default=os.environ.get("OPTCC", "build/optcc"))
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override for every row")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     plan = json.loads(subprocess.run([a.optcc, "sweep", a.experiment, "--scale", a.scale, "--json"], check=True,
@@ -46,6 +52,8 @@ def main():
         for i, arg in enumerate(args):  # the scale's own --set list, then the row's
             if arg == "--set" and not args[i + 1].startswith(("log.", "checkpoint.", "train.seed=")):
                 cmd += ["--set", args[i + 1]]
+        for o in a.set:
+            cmd += ["--set", o]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             sys.exit(f"simulate_experiment.py: {value}: {' '.join(cmd)} failed:\n{out.stderr}")
