@@ -3,7 +3,7 @@
 
   emulation_table.py RUN.h5 [RUN.h5 ...] [--warmup N] [--json]
 
-One row per file (put the baseline first): the scheme (root attribute compression_scheme; under
+One row per file (put the baseline first): the run (its file's name), the scheme (root attribute compression_scheme; under
 DiLoCo with its H), the step time over the steps optcc_results.Run.timed_steps picks after the first N
 (default 3): the median over the steps that recorded no timeline, or under DiLoCo the mean over whole
 periods of H steps, which holds the outer exchange's step (/train/step_seconds; evaluation runs after a
@@ -37,7 +37,7 @@ def summarise_run(run, warmup):
     scheme = run.attr("compression_scheme", "(none)")
     if run.outer_period():
         scheme += f" + diloco H {run.outer_period()}"
-    row = {"file": ";".join(f.path for f in run.files), "scheme": scheme}
+    row = {"file": ";".join(f.path for f in run.files), "run": run.name, "scheme": scheme}
     train = run.table("train")
     timed, statistic = run.timed_steps(warmup)
     keep = np.isin(train["step"], timed)
@@ -80,23 +80,23 @@ def main():
     if a.json:
         print(json.dumps(rows, indent=1))
         return
-    print("| scheme | step (s) | over steps | speed-up | pipeline (s) | after pipeline (s) "
+    print("| run | scheme | step (s) | over steps | speed-up | pipeline (s) | after pipeline (s) "
           "| speed-up at equal compute | inter-node emulated s/step (all ranks) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['scheme']} | {r['step_s']:.3f} | {r['steps_timed']} ({r['statistic']}) | {r['speedup']:.3f} "
+        print(f"| {r['run']} | {r['scheme']} | {r['step_s']:.3f} | {r['steps_timed']} ({r['statistic']}) | {r['speedup']:.3f} "
               f"| {r['pipeline_s']:.3f} | {r['after_pipeline_s']:.3f} | {r['speedup_equal_compute']:.3f} "
               f"| {r['inter_emulated_s_per_step']:.3f} |")
     print()
     print("Breakdown (mean of the timeline steps, ms on the critical-path rank; share of its step):")
-    print("| scheme | step | " + " | ".join(CATEGORIES) + " |")
+    print("| run | step | " + " | ".join(CATEGORIES) + " |")
     print("|---|---|" + "---|" * len(CATEGORIES))
     for r in rows:
         if "breakdown_step_ms" not in r:
             continue
         total = r["breakdown_step_ms"]
         cells = [f"{r[c + '_ms']:.0f} ({100 * r[c + '_ms'] / total:.0f}%)" for c in CATEGORIES]
-        print(f"| {r['scheme']} | {total:.0f} | " + " | ".join(cells) + " |")
+        print(f"| {r['run']} | {total:.0f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
