@@ -113,6 +113,25 @@ def attrs_of(scheme, seed, run, start, first_step=0):
             "layout": "tp=1 pp=2 dp=1"}
 
 
+def diloco_and_allreduce_runs(root, rows_of_step, train=None):
+    """Two 40-step runs under root/d with the same rows (rows_of_step(step, rows) appends a step's), one with
+    dp_strategy diloco (H 16), one allreduce, read back: {run name: optcc_results.Run}."""
+    import optcc_results as R
+    os.makedirs(os.path.join(root, "d"))
+    for name, strategy in (("diloco-seed1", "diloco"), ("plain-seed1", "allreduce")):
+        a = attrs_of("baseline", 1, name, "2026-01-01T00:00:00Z")
+        cfg = yaml.safe_load(a["config"])
+        cfg["compression"]["dp_strategy"] = strategy
+        cfg["diloco"] = {"inner_steps": 16}
+        cfg["train"].update(train or {})
+        a["config"] = yaml.safe_dump(cfg)
+        rows = {k: [] for k in TABLES}
+        for step in range(1, 41):
+            rows_of_step(step, rows)
+        write_file(os.path.join(root, "d", f"{name}.h5"), a, rows)
+    return {r.name: r for r in R.load_runs(root)}
+
+
 def build_results(root):
     exp = os.path.join(root, "exp")
     os.makedirs(exp)
@@ -259,23 +278,14 @@ class FiguresTest(unittest.TestCase):
         sys.path.insert(0, os.path.join(SOURCE, "scripts"))
         import optcc_results as R
         outer = 1600000
+
+        def rows_of_step(step, rows):
+            rows["train"].append([step, 5.0, 1e-3, 1.0, 1.0, 256.0])
+            rows["traffic"].append([step, 0, 0, 0, 1000, 1, 0.0, 0.0])
+            if step % 16 == 0:
+                rows["traffic"].append([step, 0, 6, 1, outer, 1, 0.0, 0.0])
         with tempfile.TemporaryDirectory() as root:
-            os.makedirs(os.path.join(root, "d"))
-            for name, strategy in (("diloco-seed1", "diloco"), ("plain-seed1", "allreduce")):
-                a = attrs_of("baseline", 1, name, "2026-01-01T00:00:00Z")
-                cfg = yaml.safe_load(a["config"])
-                cfg["compression"]["dp_strategy"] = strategy
-                cfg["diloco"] = {"inner_steps": 16}
-                cfg["train"]["train_steps"] = 40
-                a["config"] = yaml.safe_dump(cfg)
-                rows = {k: [] for k in TABLES}
-                for step in range(1, 41):
-                    rows["train"].append([step, 5.0, 1e-3, 1.0, 1.0, 256.0])
-                    rows["traffic"].append([step, 0, 0, 0, 1000, 1, 0.0, 0.0])
-                    if step % 16 == 0:
-                        rows["traffic"].append([step, 0, 6, 1, outer, 1, 0.0, 0.0])
-                write_file(os.path.join(root, "d", f"{name}.h5"), a, rows)
-            runs = {r.name: r for r in R.load_runs(root)}
+            runs = diloco_and_allreduce_runs(root, rows_of_step, {"train_steps": 40})
             self.assertEqual(runs["diloco-seed1"].outer_period(), 16)
             self.assertIsNone(runs["plain-seed1"].outer_period())
             self.assertEqual(runs["diloco-seed1"].bytes_per_step(), {**{c: 0.0 for c in R.TRAFFIC_CLASSES},
@@ -288,20 +298,11 @@ class FiguresTest(unittest.TestCase):
         (15 + 5) / 16 = 1.25 s, tokens/s 256 / 1.25; the same rows under all-reduce give the median, 1 s."""
         sys.path.insert(0, os.path.join(SOURCE, "scripts"))
         import optcc_results as R
+        def rows_of_step(step, rows):
+            seconds = 5.0 if step % 16 == 0 else 1.0
+            rows["train"].append([step, 5.0, 1e-3, 1.0, seconds, 256.0 / seconds])
         with tempfile.TemporaryDirectory() as root:
-            os.makedirs(os.path.join(root, "d"))
-            for name, strategy in (("diloco-seed1", "diloco"), ("plain-seed1", "allreduce")):
-                a = attrs_of("baseline", 1, name, "2026-01-01T00:00:00Z")
-                cfg = yaml.safe_load(a["config"])
-                cfg["compression"]["dp_strategy"] = strategy
-                cfg["diloco"] = {"inner_steps": 16}
-                a["config"] = yaml.safe_dump(cfg)
-                rows = {k: [] for k in TABLES}
-                for step in range(1, 41):
-                    seconds = 5.0 if step % 16 == 0 else 1.0
-                    rows["train"].append([step, 5.0, 1e-3, 1.0, seconds, 256.0 / seconds])
-                write_file(os.path.join(root, "d", f"{name}.h5"), a, rows)
-            runs = {r.name: r for r in R.load_runs(root)}
+            runs = diloco_and_allreduce_runs(root, rows_of_step)
             steps, statistic = runs["diloco-seed1"].timed_steps()
             self.assertEqual((steps.tolist(), statistic), (list(range(17, 33)), "mean"))
             self.assertEqual(runs["diloco-seed1"].step_time(), (1.25, 256.0 / 1.25))
