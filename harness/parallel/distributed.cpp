@@ -332,10 +332,6 @@ int free_local_port() {
 
 namespace {
 
-volatile sig_atomic_t g_launcher_signal = 0;  // SIGTERM/SIGUSR1 to forward to the ranks, or 0
-
-extern "C" void record_launcher_signal(int signal) { g_launcher_signal = signal; }
-
 // This process's environment without the variables the launcher sets for its ranks (an exported
 // MASTER_PORT must not win over the port the launcher picked: getenv takes the first entry).
 std::vector<std::string> rank_environment(const std::vector<std::pair<std::string, std::string>>& set) {
@@ -348,15 +344,6 @@ std::vector<std::string> rank_environment(const std::vector<std::pair<std::strin
   }
   for (const auto& [k, v] : set) env.push_back(k + "=" + v);
   return env;
-}
-
-// Forward a batch system's stop signals to the ranks (stop_signal.h) instead of dying of them.
-void forward_stop_signals() {
-  struct sigaction sa {};
-  sa.sa_handler = record_launcher_signal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGUSR1, &sa, nullptr);
 }
 
 // Starts the `nproc` ranks (this binary, `argv`) with their launch environment; pid -> rank.
@@ -377,6 +364,8 @@ std::map<pid_t, int> spawn_ranks(int nproc, const std::vector<std::string>& argv
     for (auto& e : env_s) cenv.push_back(e.data());
     cenv.push_back(nullptr);
     pid_t pid = 0;
+    // Default spawn attributes: the rank inherits this launcher's mask, SIGTERM/SIGUSR1 blocked through
+    // its exec, and takes them in its own signal thread (stop_signal.h).
     if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, cargv.data(), cenv.data()) != 0) {
       for (auto& [p, _] : rank_of) kill(p, SIGKILL);
       throw std::runtime_error(fmt::format("launch: cannot start rank {}", r));
@@ -393,7 +382,7 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
   const bool one_host = nodes.nnodes <= 1;
   const int port = one_host ? free_local_port() : nodes.master_port;
   const std::string master = one_host ? "127.0.0.1" : nodes.master_addr;
-  forward_stop_signals();
+  record_stop_signals();  // forwarded to the ranks below, instead of ending the launcher (stop_signal.h)
   std::map<pid_t, int> rank_of = spawn_ranks(nproc, argv, master, port, nodes);
   const char* exported = std::getenv("MASTER_PORT");
   if (one_host) {
@@ -408,8 +397,7 @@ int launch_local(int nproc, const std::vector<std::string>& argv, std::chrono::m
   bool terminating = false, stopped = false;
   auto deadline = std::chrono::steady_clock::time_point::max();
   while (!rank_of.empty()) {
-    if (const int sig = g_launcher_signal; sig != 0) {
-      g_launcher_signal = 0;
+    if (const int sig = take_stop_signal(); sig != 0) {
       spdlog::warn("launcher: {} received; forwarded to the {} ranks (they stop after the current step, write a "
                    "checkpoint and exit {})", strsignal(sig), rank_of.size(), kStoppedExitCode);
       for (auto& [p, _] : rank_of) kill(p, sig);

@@ -15,9 +15,12 @@ namespace optcc {
 /// (n >= 1). Call once per process before compute.
 void set_cpu_threads(int64_t n);
 
-/// OMP_WAIT_POLICY is read when libgomp loads, before main(). If it is unset, this sets it to
-/// PASSIVE and re-executes the current binary with the same arguments (once; it never returns
-/// then). Call first thing in main(). Users may set OMP_WAIT_POLICY themselves to opt out.
-void ensure_passive_openmp(char** argv);
+/// What must hold before any library starts a thread, which some do before main(): OMP_WAIT_POLICY
+/// (read when libgomp loads) and the blocked stop signals (stop_signal.h: OpenBLAS's pool, started
+/// when it loads, must not take a SIGTERM). If OMP_WAIT_POLICY is unset this sets it to PASSIVE;
+/// if SIGTERM/SIGUSR1 are not blocked it blocks them; then it re-executes the current binary with the
+/// same arguments (once; it never returns then). Call first thing in main(). Users may set
+/// OMP_WAIT_POLICY themselves to opt out of the passive workers.
+void ensure_process_start(char** argv);
 
 }  // namespace optcc

@@ -1,6 +1,7 @@
 // `optcc calibrate` (calibrate.h): timings on this machine, written as a hardware profile.
 #include "harness/perfmodel/calibrate.h"
 
+#include <pthread.h>
 #include <sys/wait.h>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
@@ -24,6 +25,7 @@
 #include <cstdio>
 
 #include "compression/act_codec.h"
+#include "harness/parallel/stop_signal.h"
 #include "harness/parallel/communicator.h"
 #include "harness/parallel/distributed.h"
 #include "harness/parallel/threads.h"
@@ -209,6 +211,9 @@ Rates measure_concurrently(const Config& cfg, int64_t reps, int64_t n) {
     const pid_t pid = fork();
     if (pid < 0) throw std::runtime_error("calibrate: fork() failed");
     if (pid == 0) {
+      // No signal thread was forked with us: SIGTERM/SIGUSR1 back to their default here (stop_signal.h).
+      const sigset_t stop = stop_signal_set();
+      pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
       close(fds[0]);
       int code = 0;
       try {
