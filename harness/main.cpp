@@ -4,7 +4,8 @@
 //     --resume        resume from the config's checkpoint.dir (must hold a checkpoint)
 //     --resume DIR    resume from DIR (an iter_NNNNNNN directory or a directory holding `latest`)
 //     --resume auto   resume from checkpoint.dir when it holds a checkpoint, else start at step 0;
-//                     the default inside a Slurm job (SLURM_JOB_ID set), so a requeue continues
+//                     the default in a requeued Slurm job (SLURM_RESTART_COUNT >= 1), so a requeue
+//                     continues; a job id alone (salloc, a first attempt) is no requeue
 //     (none)          start at step 0; refused when checkpoint.dir already holds a checkpoint
 //   (a directory named "auto": write ./auto)
 //   Results files are never overwritten: a re-run writes <run>.attempt-<n>.h5 (trainer.h).
@@ -73,7 +74,8 @@ int run_data_tool(const std::vector<std::string>& args) {
   argv.push_back(nullptr);
   spdlog::info("running: {}", fmt::join(argv_s, " "));
   pid_t pid = 0;
-  if (posix_spawn(&pid, tool.c_str(), nullptr, nullptr, argv.data(), environ) != 0) {
+  const ChildSignals child_signals;  // SIGTERM/SIGUSR1 unblocked there (stop_signal.h)
+  if (posix_spawn(&pid, tool.c_str(), nullptr, child_signals.get(), argv.data(), environ) != 0) {
     throw std::runtime_error("cannot start " + tool.string());
   }
   int status = 0;
@@ -157,7 +159,7 @@ void add_train_command(CLI::App& app, Cli& c) {
   c.resume_opt = c.train->add_option("--resume", c.resume,
                                      "resume from DIR (no value: the config's checkpoint.dir); 'auto': resume "
                                      "from checkpoint.dir if it holds a checkpoint, else start at step 0 (the "
-                                     "default inside a Slurm job). Without it, a run whose checkpoint.dir "
+                                     "default in a requeued Slurm job: SLURM_RESTART_COUNT >= 1). Without it, a run whose checkpoint.dir "
                                      "holds a checkpoint is refused")
                      ->expected(0, 1);
   c.train->add_flag("--allow-config-change", c.allow_config_change,
@@ -353,12 +355,24 @@ int traffic_command(const Cli& c, Config cfg) {
   return 0;
 }
 
+// SLURM_RESTART_COUNT set to a number >= 1: this job is a requeued one (scontrol requeue, or
+// Slurm's own after a node failure); its first attempt ran the same command.
+bool slurm_requeue() {
+  const char* count = std::getenv("SLURM_RESTART_COUNT");
+  if (count == nullptr) return false;
+  char* end = nullptr;
+  const long n = std::strtol(count, &end, 10);
+  return end != count && *end == '\0' && n >= 1;
+}
+
 TrainOptions train_options(const Cli& c, const Config& cfg, int argc, char** argv) {
   TrainOptions opts;
   opts.command_line = command_line(argc, argv);
   if (c.resume_opt->count() > 0 && c.resume != "auto") opts.resume = c.resume.empty() ? cfg.checkpoint_dir() : c.resume;
-  // A Slurm requeue reruns the same command: inside a job, continue from the checkpoint by default.
-  opts.resume_auto = c.resume == "auto" || (c.resume_opt->count() == 0 && std::getenv("SLURM_JOB_ID") != nullptr);
+  // A Slurm requeue reruns the same command: then, and only then, continue from the checkpoint by
+  // default. Slurm marks a requeued job with SLURM_RESTART_COUNT >= 1; a job id alone (an salloc
+  // shell, a first attempt) means only "inside an allocation" (docs/configuration.md, "Stopping early").
+  opts.resume_auto = c.resume == "auto" || (c.resume_opt->count() == 0 && slurm_requeue());
   opts.allow_config_change = c.allow_config_change;
   opts.derive_network = derive_network_regime;  // network.match_regime (harness/perfmodel/regime.h)
   return opts;
@@ -374,7 +388,7 @@ std::string prepare_command(const Cli& c) {
 
 int train_command(const Cli& c, const Config& cfg, int argc, char** argv) {
   const TrainOptions opts = train_options(c, cfg, argc, argv);
-  install_stop_signal_handlers();  // SIGTERM / SIGUSR1: checkpoint after this step and exit 75 (stop_signal.h)
+  record_stop_signals();  // SIGTERM / SIGUSR1: checkpoint after this step and exit 75 (stop_signal.h)
   std::signal(SIGXFSZ, SIG_IGN);   // a file-size limit is a write error naming the file, not a silent death
   TrainSummary s = run_training(cfg, opts);
   if (s.stopped_by_signal != 0) return kStoppedExitCode;  // the trainer logged the step and the checkpoint
@@ -514,7 +528,8 @@ int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace optcc;
-  ensure_passive_openmp(argv);
+  ensure_process_start(argv);  // passive OpenMP workers, SIGTERM/SIGUSR1 blocked in every thread (threads.h)
+  start_stop_signal_thread();   // the one thread that takes them (stop_signal.h)
   die_with_launcher();  // a rank of `--nproc`: ends with its launcher (stop_signal.h)
   CLI::App app{"optcc: communication-compressed 3D-parallel GPT training (Optimus-CC and beyond)"};
   app.require_subcommand(1);

@@ -319,7 +319,8 @@ void validate_diloco_keys(const Config& c) {
     fail("diloco.fragments", std::to_string(g.fragments),
          fmt::format("must be in [1, min(inner_steps, model.num_layers)] = [1, {}] (each fragment holds at least one "
                      "layer and gets its own sync step in a period)", max_fragments),
-         "use 1 (DiLoCo) or a divisor of the layers, e.g. 2");
+         fmt::format("use a value in [1, {}]: 1 is DiLoCo, more is Streaming DiLoCo; it need not divide the layers "
+                     "(fragment f holds layers [f*L/F, (f+1)*L/F))", max_fragments));
   }
   if (g.sync_delay < 0 || g.sync_delay >= g.inner_steps) {
     fail("diloco.sync_delay", std::to_string(g.sync_delay),
@@ -333,8 +334,10 @@ void validate_diloco_keys(const Config& c) {
   if (!(g.outer_momentum >= 0 && g.outer_momentum < 1)) {
     fail("diloco.outer_momentum", fmt::format("{}", g.outer_momentum), "must be in [0, 1)", "use e.g. 0.9, or 0 for none");
   }
-  if (!(g.mix >= 0 && g.mix <= 1)) {
-    fail("diloco.mix", fmt::format("{}", g.mix), "must be in [0, 1] (the local weights' share of the applied fragment)",
+  if (!(g.mix >= 0 && g.mix < 1)) {
+    fail("diloco.mix", fmt::format("{}", g.mix),
+         "must be in [0, 1) (the local weights' share of the applied fragment; 1 would keep the local weights and "
+         "throw every global update away)",
          "use 0 (DiLoCo) or e.g. 0.5");
   }
   validate_reducer("diloco.outer", g.outer);
@@ -358,6 +361,12 @@ void validate_diloco_with_compression(const Config& c) {
     fail("compression.dp", "'" + k.dp.name + "'" + set_by_scheme(k, preset.dp.name == k.dp.name),
          "reduces every step's gradients, and compression.dp_strategy is diloco (the replicas exchange only outer gradients)",
          "set compression.dp: none and put the compressor under diloco.outer (e.g. {name: qsgd, levels: 7})");
+  }
+  if (k.dp_stages != DpStages::all()) {
+    fail("compression.dp_stages", k.dp_stages.text() + set_by_scheme(k, preset.dp_stages == k.dp_stages),
+         "chooses the stages whose every-step DP reduction is compressed (SC), and compression.dp_strategy is diloco, "
+         "which runs none (diloco.outer compresses every stage's outer gradients alike)",
+         "remove compression.dp_stages (its default is all)");
   }
 }
 

@@ -98,6 +98,9 @@ struct TrainConfig {
   double loss_scale_min = 1.0;            // fp16 only: floor of S
   int64_t max_skipped_steps = 20;         // a run skipping more steps than this in a row (inf/NaN
                                           // gradients, any precision) stops with an error; 0 = never
+  bool skip_nonfinite = false;            // fp32/bf16: inf/NaN gradients stop the run, naming the rank,
+                                          // step and tensor (false), or skip the step like an fp16
+                                          // overflow (true). fp16 always skips (its loss scale backs off)
   template <class V> void visit(V&& v);
 };
 
@@ -273,6 +276,9 @@ std::string compression_label(const CompressionConfig& c);
 ///                          and a profile; `scale` and the latency keys must then be left unset. The
 ///                          derived values are logged and recorded (root attribute network_regime;
 ///                          the recorded config holds the derived scale with match_regime "").
+///                          `from:<results file>` reuses the links an earlier run derived (its
+///                          recorded scale and latencies; same profile), measuring nothing: the
+///                          second run of a comparison then runs on the first one's links.
 ///   skip                   traffic classes whose transfers are skipped (tp, pp_fwd, pp_bwd, dp,
 ///                          embedding; optcc's addition, docs/design.md §8.3): no real operation and no emulated time,
 ///                          shapes kept (a skipped receive yields zeros, a skipped all-reduce leaves
@@ -280,6 +286,9 @@ std::string compression_label(const CompressionConfig& c);
 ///                          marked `trainable_result = false`.
 /// With emulate false and skip empty nothing of this is constructed (no clock reads, no shared
 /// memory); the declared links are then only recorded in the results (and the log says so).
+/// network.match_regime's prefix for reusing a recorded regime: `from:<results file>`.
+inline constexpr char kRecordedRegimePrefix[] = "from:";
+
 struct NetworkConfig {
   bool emulate = false;
   std::string profile = "";

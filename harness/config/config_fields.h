@@ -56,6 +56,7 @@ template <class V> void TrainConfig::visit(V&& v) {
   v("loss_scale_backoff", loss_scale_backoff);
   v("loss_scale_min", loss_scale_min);
   v("max_skipped_steps", max_skipped_steps);
+  v("skip_nonfinite", skip_nonfinite);
 }
 
 template <class V> void DataConfig::visit(V&& v) {

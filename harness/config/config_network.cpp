@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include "harness/config/config.h"
@@ -117,9 +118,16 @@ void validate_network_config(const Config& c) {
              fmt::format("remove network.{}, or set match_regime: \"\" to use your own value", key));
       }
     }
-    if (!std::filesystem::is_regular_file(n.match_regime)) {
+    const bool recorded = n.match_regime.rfind(kRecordedRegimePrefix, 0) == 0;
+    const std::string file = recorded ? n.match_regime.substr(std::strlen(kRecordedRegimePrefix)) : n.match_regime;
+    if (recorded && !std::filesystem::is_regular_file(file)) {
+      fail("network.match_regime", v, "names no file after from: (an earlier run's results file, relative to the working directory)",
+           "give the .h5 of the run whose links to reuse, e.g. from:results/emulation-mini-3d-baseline.h5");
+    }
+    if (!recorded && !std::filesystem::is_regular_file(file)) {
       fail("network.match_regime", v, "is not a file (a paper run's config, relative to the working directory)",
-           "give the path of one, e.g. experiments/paper/gpt-2.5b.yaml, and run from the repository");
+           "give the path of one, e.g. experiments/paper/gpt-2.5b.yaml, and run from the repository; or "
+           "from:<results file> to reuse the links an earlier run derived");
     }
   }
   const auto names = network_skip_names();

@@ -1,6 +1,7 @@
 // Expanding an experiment into runs, printing them, checking their configs (sweep.h).
 #include "harness/experiments/sweep.h"
 
+#include <cstring>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -118,7 +119,12 @@ RunCheck check_run(const SweepRun& r, const std::string& root) {
   Config located = cfg;  // the run reads data.prefix from the repository root
   located.data.prefix = under(root, located.data.prefix);
   // The run reads network.match_regime from the repository root too (validate checks that the file exists).
-  if (!cfg.network.match_regime.empty()) cfg.network.match_regime = under(root, cfg.network.match_regime);
+  if (!cfg.network.match_regime.empty()) {
+    const std::string& m = cfg.network.match_regime;
+    const bool recorded = m.rfind(kRecordedRegimePrefix, 0) == 0;
+    cfg.network.match_regime = recorded ? kRecordedRegimePrefix + under(root, m.substr(std::strlen(kRecordedRegimePrefix)))
+                                        : under(root, m);
+  }
   if (cfg.model.vocab_size == 0) {
     try {
       resolve_vocab(located);

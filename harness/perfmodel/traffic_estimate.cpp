@@ -500,6 +500,7 @@ void cb_rows(PaperTrafficRows& rows, const Config& cfg, const Config& base, cons
   CompressorSpec cb_codec;
   set_spec(cb_codec, cfg.compression.pipeline_backward.name != "none" ? cfg.compression.pipeline_backward : cb.pipeline_backward);
   rows.cb_codec = spec_text(cb_codec);
+  rows.cb_label = cb_codec.name == cb.pipeline_backward.name ? "CB" : cb_codec.name;
   try {
     const auto codec = make_act_codec(cb_codec.name, pipeline_codec_options(cfg, cb_codec));
     rows.pp_message_cb = t * codec->payload_bytes(own.slice_elements);
@@ -574,7 +575,8 @@ PaperTrafficRows paper_traffic_rows(const Config& cfg, const TrafficModelOptions
   rows.tp_total = own.cluster_total(Traffic::kTensorParallel);
   rows.lep_per_gpu = most_lep_bytes(own);  // replaced by the CB variant's when cfg has no CB (cb_rows)
   cb_rows(rows, cfg, base, own, o);
-  fe_sc_rows(rows, cfg, base, own, o);
+  rows.fe_sc_apply = !cfg.compression.diloco_on();
+  if (rows.fe_sc_apply) fe_sc_rows(rows, cfg, base, own, o);
   return rows;
 }
 

@@ -190,6 +190,10 @@ struct PaperTrafficRows {
   int64_t pp_message = 0;                 // N·β: one inter-stage message, all TP ranks
   int64_t pp_message_cb = -1;             // t × the CB codec's payload of one slice (-1: n/a)
   std::string cb_codec;                   // the CB codec used, as YAML
+  std::string cb_label;                   // "CB" when that codec is CB's (the cb scheme's), else its
+                                          // name (e.g. "hadamard"): what the rows' labels call it
+  bool fe_sc_apply = true;                // false under dp_strategy diloco: FE and SC act on the
+                                          // every-step DP reduction, which DiLoCo does not run
   int64_t pp_forward_total = 0;           // cluster, the stage-to-stage hop (sends) only
   int64_t pp_backward_baseline = 0, pp_backward_cb_epilogue = -1, pp_backward_cb_all = -1;
   std::vector<int64_t> dp_per_gpu_baseline;  // per stage

@@ -160,21 +160,25 @@ void report_spec_rows(std::string& out, const TrafficEstimate& e, const PaperTra
   for (auto v : rows.stage_parameters) theta += (theta.empty() ? "" : " / ") + fmt::format("{:.1f} M", v / 1e6);
   row("Θ per TP rank, stage 0..p-1", theta);
   row("one PP message (all TP ranks)", format_bytes(static_cast<double>(rows.pp_message)));
-  row(fmt::format("same, CB-compressed ({})", rows.cb_codec), or_na(rows.pp_message_cb));
+  row(fmt::format("same, {}-compressed ({})", rows.cb_label, rows.cb_codec), or_na(rows.pp_message_cb));
   row("PP forward total (cluster, stage-to-stage sends)", format_bytes(static_cast<double>(rows.pp_forward_total)));
-  row("PP backward, baseline / CB-epi / CB-all",
+  row(fmt::format("PP backward, baseline / {0}-epi / {0}-all", rows.cb_label),
       fmt::format("{} / {} / {}", format_bytes(static_cast<double>(rows.pp_backward_baseline)), or_na(rows.pp_backward_cb_epilogue),
                   or_na(rows.pp_backward_cb_all)));
   row("DP per GPU, stage 0..p-1, baseline", join_bytes(rows.dp_per_gpu_baseline));
-  row("DP per GPU with FE+SC, stage 0..p-1 (reducer below)",
-      rows.dp_per_gpu_fe_sc.empty() ? "not modelled" : join_bytes(rows.dp_per_gpu_fe_sc));
-  row("  FE+SC reducer, dp_stages", fmt::format("{}, {}", rows.fe_sc_reducer, rows.fe_sc_stages));
-  row("DP total, baseline -> FE+SC", fmt::format("{} -> {}", format_bytes(static_cast<double>(rows.dp_total_baseline)),
-                                                  rows.dp_total_fe_sc < 0 ? "not modelled" : format_bytes(static_cast<double>(rows.dp_total_fe_sc))));
-  row("embedding-related total: baseline / FE / FE (reference group)",
-      fmt::format("{} / {} / {}", format_bytes(static_cast<double>(rows.embedding_total_baseline)),
-                  format_bytes(static_cast<double>(rows.embedding_total_fe)),
-                  format_bytes(static_cast<double>(rows.embedding_total_fe_reference))));
+  if (rows.fe_sc_apply) {
+    row("DP per GPU with FE+SC, stage 0..p-1 (reducer below)",
+        rows.dp_per_gpu_fe_sc.empty() ? "not modelled" : join_bytes(rows.dp_per_gpu_fe_sc));
+    row("  FE+SC reducer, dp_stages", fmt::format("{}, {}", rows.fe_sc_reducer, rows.fe_sc_stages));
+    row("DP total, baseline -> FE+SC", fmt::format("{} -> {}", format_bytes(static_cast<double>(rows.dp_total_baseline)),
+                                                    rows.dp_total_fe_sc < 0 ? "not modelled" : format_bytes(static_cast<double>(rows.dp_total_fe_sc))));
+    row("embedding-related total: baseline / FE / FE (reference group)",
+        fmt::format("{} / {} / {}", format_bytes(static_cast<double>(rows.embedding_total_baseline)),
+                    format_bytes(static_cast<double>(rows.embedding_total_fe)),
+                    format_bytes(static_cast<double>(rows.embedding_total_fe_reference))));
+  } else {
+    row("FE and SC rows", "left out: they act on the every-step DP reduction, which dp_strategy diloco does not run");
+  }
   row(fmt::format("TP all-reduce total (k_TP={})", e.k_tp), format_bytes(static_cast<double>(rows.tp_total)));
   row("LEP buffer per GPU", format_bytes(static_cast<double>(rows.lep_per_gpu)));
 }
@@ -246,6 +250,8 @@ nlohmann::json spec9_json(const PaperTrafficRows& rows) {
                 {"pp_message", rows.pp_message},
                 {"pp_message_cb", rows.pp_message_cb},
                 {"cb_codec", rows.cb_codec},
+                {"cb_label", rows.cb_label},
+                {"fe_sc_apply", rows.fe_sc_apply},
                 {"pp_forward_total", rows.pp_forward_total},
                 {"pp_backward_baseline", rows.pp_backward_baseline},
                 {"pp_backward_cb_epilogue", rows.pp_backward_cb_epilogue},

@@ -68,7 +68,8 @@ std::optional<std::string> resume_point(const Config& c, const TrainOptions& o) 
     throw std::runtime_error(fmt::format(
         "checkpoint.dir {} already holds a checkpoint ({}) of run '{}'; starting again at step 0 would mix two "
         "runs there. Fix: pass --resume auto (or --resume) to continue from it, or give this run its own "
-        "log.run_name or checkpoint.dir, or remove {} to start over (results files are never overwritten).",
+        "log.run_name or checkpoint.dir, or remove {} to start over (results files are never overwritten). "
+        "Inside Slurm only a requeued job (SLURM_RESTART_COUNT >= 1) resumes without --resume auto.",
         dir, fs::path(*found).filename().string(), c.run_name(), dir));
   }
   return found;

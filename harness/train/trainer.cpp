@@ -24,6 +24,7 @@
 #include "harness/records/checkpoint.h"
 #include "harness/records/run_lock.h"
 #include "harness/parallel/stop_signal.h"
+#include "harness/records/results_reader.h"
 #include "harness/parallel/allocator.h"
 #include "harness/train/data_loader.h"
 #include "harness/parallel/distributed.h"
@@ -266,6 +267,13 @@ void Trainer::take_run_locks() {
                      locks_.back()->stale_holder());
       }
     }
+    // The run's lock is ours: an earlier attempt's results file still flagged "open for write" lost
+    // its writer (killed); cleared, so any reader opens it (results_reader.h).
+    for (const std::string& f : run_results_files(cfg_.log.dir, cfg_.run_name())) {
+      if (clear_stale_write_flag(f)) {
+        spdlog::info("{}: cleared the 'open for write' flag its killed writer left; plain readers open it now", f);
+      }
+    }
   });
 }
 
@@ -321,6 +329,10 @@ void Trainer::set_up() {
 // network.match_regime (config.h): the scale and latencies derived on every rank, logged; the recorded
 // config holds the derived values (match_regime "": it ran at that scale), the attribute says how.
 void Trainer::apply_network_regime() {
+  if (cfg_.network.match_regime.rfind(kRecordedRegimePrefix, 0) == 0) {
+    reuse_recorded_regime();
+    return;
+  }
   if (!options_.derive_network) {
     throw ConfigError(fmt::format(
         "config error: network.match_regime = '{}': the scale is derived by `optcc train` at its start, and this "
@@ -332,6 +344,43 @@ void Trainer::apply_network_regime() {
   network_regime_ = options_.derive_network(cfg_, d_);
   cfg_.network.match_regime = "";
   validate_network_config(cfg_);
+  if (!quiet_) spdlog::info("network.match_regime: {}", network_regime_);
+}
+
+// network.match_regime: from:<results file>: the links an earlier run derived (its recorded scale and
+// latencies), so that two runs of one comparison share them; nothing is measured.
+void Trainer::reuse_recorded_regime() {
+  const std::string value = cfg_.network.match_regime;
+  const std::string file = value.substr(std::strlen(kRecordedRegimePrefix));
+  const auto refuse = [&](const std::string& rule, const std::string& fix) {
+    throw ConfigError(fmt::format("config error: network.match_regime = '{}': {}. Fix: {}.", value, rule, fix));
+  };
+  std::string recorded_line, recorded_config;
+  try {
+    recorded_line = read_root_attribute(file, "network_regime");
+    recorded_config = read_root_attribute(file, "config");
+  } catch (const std::exception& e) {
+    refuse(fmt::format("cannot read {} ({})", file, e.what()), "name the results file (.h5) of the run whose links to reuse");
+  }
+  if (recorded_line.empty()) {
+    refuse(fmt::format("{} records no derived regime (its run did not set network.match_regime)", file),
+           "name the results file of a run that derived one (its log printed `network.match_regime: scale ...`)");
+  }
+  const YAML::Node net = YAML::Load(recorded_config)["network"];
+  const std::string profile = net["profile"] ? net["profile"].as<std::string>() : "";
+  if (profile != cfg_.network.profile) {
+    refuse(fmt::format("{} derived its scale for network.profile '{}', and this run's profile is '{}'", file, profile,
+                       cfg_.network.profile),
+           fmt::format("set network.profile: {}, or derive a regime for this profile", profile));
+  }
+  cfg_.network.scale = net["scale"].as<double>();
+  cfg_.network.inter_node_latency_us = net["inter_node_latency_us"].as<double>();
+  cfg_.network.intra_node_latency_us = net["intra_node_latency_us"].as<double>();
+  cfg_.network.match_regime = "";
+  validate_network_config(cfg_);
+  network_regime_ = fmt::format("{} (reused from {}: scale {}, latencies {} / {} us inter / intra)", recorded_line, file,
+                                cfg_.network.scale, cfg_.network.inter_node_latency_us,
+                                cfg_.network.intra_node_latency_us);
   if (!quiet_) spdlog::info("network.match_regime: {}", network_regime_);
 }
 
@@ -681,13 +730,18 @@ Trainer::StepResult Trainer::step() {
 void Trainer::update(StepResult& r) {
   const auto grads = ensure_grads(params_);
   if (options_.on_local_gradients) options_.on_local_gradients(state_.step + 1, d_.rank(), grads);
-  // One max all-reduce carries both flags: a local overflow, and a stop signal (stop_signal.h).
-  auto flags = torch::tensor({has_local_overflow(grads, grad_sync_->wire_overflow_limit()) ? 1.0 : 0.0,
-                              static_cast<double>(stop_signal_received())},
+  // One max all-reduce carries the flags: a local overflow, a stop signal (stop_signal.h), and the
+  // lowest rank with an overflow (as world size - rank).
+  const bool overflow = has_local_overflow(grads, grad_sync_->wire_overflow_limit());
+  auto flags = torch::tensor({overflow ? 1.0 : 0.0, static_cast<double>(stop_signal_received()),
+                              overflow ? static_cast<double>(d_.env.world_size - d_.rank()) : 0.0},
                              torch::kDouble);
   d_.world->all_reduce(flags, Traffic::kControl, /*max=*/true);
   r.skipped = flags[0].item<double>() > 0;
   r.stop_signal = static_cast<int>(flags[1].item<double>());
+  if (r.skipped && !scaler_->enabled() && !cfg_.train.skip_nonfinite) {
+    stop_on_nonfinite_gradients(d_.env.world_size - static_cast<int>(flags[2].item<double>()));
+  }
   if (r.skipped) {
     scaler_->update(/*overflow=*/true);
     skip_step(r, grads);
@@ -710,9 +764,18 @@ void Trainer::update(StepResult& r) {
     optimizer_->step();
   } else {
     // Finite local gradients, a non-finite result: the reduction or the compressor's own state
-    // (an error-feedback or LEP buffer) made it. Skipped like an overflow, and counted.
+    // (an error-feedback or LEP buffer) made it. Skipped like an overflow, and counted; in fp32/bf16
+    // without train.skip_nonfinite, the state check names the poisoned buffer, or the run stops here.
     scaler_->update(/*overflow=*/true);
     r.skipped = true;
+    if (!scaler_->enabled() && !cfg_.train.skip_nonfinite) {
+      check_state_after_skip();
+      throw std::runtime_error(fmt::format(
+          "training stopped: the gradient sync made non-finite gradients from finite ones at step {} (norm {}, "
+          "train.precision {}). Fix: check the DP compressor's settings, resume from the last checkpoint; or set "
+          "train.skip_nonfinite: true to skip such steps",
+          state_.step + 1, r.grad_norm, cfg_.train.precision));
+    }
     if (!quiet_) {
       spdlog::warn("step {}: non-finite gradients after the gradient sync (norm {}); optimizer step skipped on every "
                    "rank", state_.step + 1, r.grad_norm);
@@ -721,6 +784,30 @@ void Trainer::update(StepResult& r) {
   }
   state_.step += 1;
   state_.consumed_samples += cfg_.train.global_batch_size;
+}
+
+// fp32/bf16 without train.skip_nonfinite: inf/NaN in some rank's local gradients is a fault (no loss
+// scale to blame); every rank stops, naming the lowest such rank, the step and, on that rank, the first
+// non-finite gradient. Nothing of the step is applied or saved.
+void Trainer::stop_on_nonfinite_gradients(int first_rank) {
+  std::string tensor;
+  if (d_.rank() == first_rank) {
+    for (const auto& p : model_->named_parameters()) {
+      const auto& g = p.value().grad();
+      if (g.defined() && !torch::isfinite(g).all().item<bool>()) {
+        tensor = fmt::format(" (the first non-finite gradient: {}, {} of {} values)", p.key(),
+                             (~torch::isfinite(g)).sum().item<int64_t>(), g.numel());
+        break;
+      }
+    }
+  }
+  throw std::runtime_error(fmt::format(
+      "training stopped: inf/NaN gradients on rank {} at step {}{}, train.precision {}. Without a loss scale "
+      "this is a fault, not an overflow: nothing of the step was applied. Fix: lower train.lr or raise "
+      "train.warmup_steps and resume from the last checkpoint; or set train.skip_nonfinite: true to skip such "
+      "steps (at most train.max_skipped_steps in a row)",
+      first_rank, state_.step + 1, d_.rank() == first_rank ? tensor : fmt::format(" (rank {}'s error names the tensor)", first_rank),
+      cfg_.train.precision));
 }
 
 // An overflow agreed by the world (loss_scaler.h step 3): the pipeline codec is put back as it was

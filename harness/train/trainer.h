@@ -58,8 +58,8 @@ struct PipelineCodecSnapshot;
 ///   resume set:         resume from that directory (an iter_* directory or its parent holding
 ///                       `latest`); std::runtime_error before any work if it holds no checkpoint.
 ///   resume_auto:        resume from checkpoint.dir's `latest` when it names a checkpoint, else start at
-///                       step 0 (a first run). `optcc train --resume auto`; its default inside a Slurm
-///                       job (SLURM_JOB_ID set), so a requeued job continues.
+///                       step 0 (a first run). `optcc train --resume auto`; its default in a requeued
+///                       Slurm job (SLURM_RESTART_COUNT >= 1), so a requeue continues.
 ///   neither (default):  start at step 0 when checkpoint.dir has no `latest`; otherwise refuse with a
 ///                       std::runtime_error naming the directory, --resume auto / --resume, and the
 ///                       keys that give the run a directory of its own (log.run_name, checkpoint.dir).
@@ -127,6 +127,7 @@ class Trainer {
 
   void set_up();
   void apply_network_regime();
+  void reuse_recorded_regime();
   void claim_directories();
   void take_run_locks();
   void check_writable_dirs();
@@ -134,6 +135,7 @@ class Trainer {
   void flush_results();
   void count_skipped_step(StepResult& r);
   void check_state_after_skip();
+  [[noreturn]] void stop_on_nonfinite_gradients(int first_rank);
   void stop_on_signal(int signal);
   void build_model_and_optimizer();
   void build_pipeline();

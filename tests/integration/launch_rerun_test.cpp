@@ -1,7 +1,9 @@
 // A killed run started again with the identical command (what a Slurm requeue does): `optcc train`
 // with checkpoint.interval = 5 is killed with SIGKILL after its step-20 checkpoint. Re-run outside
-// Slurm, it is refused naming the checkpoint directory and --resume auto; re-run inside a Slurm job
-// (single task, environment as srun sets it) it resumes from the newest checkpoint. The first
+// Slurm, or inside an allocation that is no requeue (an salloc shell, a first srun: SLURM_JOB_ID without
+// SLURM_RESTART_COUNT), it is refused naming the checkpoint directory and --resume auto; re-run as a
+// requeued Slurm job (single task, environment as srun sets it, SLURM_RESTART_COUNT=1) it resumes from
+// the newest checkpoint. The first
 // attempt's results file keeps every byte throughout.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -81,13 +83,31 @@ TEST(Rerun, KilledRunIsRefusedOrResumedAndKeepsItsResults) {
   // Only the killed attempt's files: its results, checkpoints and lock (refused before taking it over).
   EXPECT_THAT(files, ::testing::UnorderedElementsAre("smoke.h5", "ckpt", "smoke.lock"));
 
-  // Attempt 3, same command as a requeued Slurm job: resumes from the newest checkpoint.
+  // The same inside an allocation that is not a requeue (an salloc shell, or a first srun there, as
+  // Slurm sets them without SLURM_RESTART_COUNT): refused the same way, nothing written.
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   const std::string short_host = std::string(host).substr(0, std::string(host).find('.'));
-  const auto slurm = child_env({"SLURM_JOB_ID=4242", "SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_LOCALID=0",
-                                "SLURM_NODEID=0", "SLURM_JOB_NUM_NODES=1", "SLURM_NTASKS_PER_NODE=1",
-                                "SLURM_JOB_NODELIST=" + short_host});
+  const std::vector<std::string> job = {"SLURM_JOB_ID=4242", "SLURM_JOBID=4242", "SLURM_NNODES=1",
+                                        "SLURM_JOB_NUM_NODES=1", "SLURM_JOB_NODELIST=" + short_host,
+                                        "SLURM_NODELIST=" + short_host};
+  for (const bool srun : {false, true}) {
+    auto env = job;
+    if (srun) env.insert(env.end(), {"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_LOCALID=0", "SLURM_NODEID=0",
+                                     "SLURM_NTASKS_PER_NODE=1"});
+    const std::string log = dir / (srun ? "attempt2-srun.txt" : "attempt2-salloc.txt");
+    EXPECT_EQ(run_to_end(spawn(command, child_env(env), log)), 1) << slurp(log);
+    EXPECT_THAT(slurp(log), ::testing::HasSubstr("already holds a checkpoint")) << log;
+    EXPECT_THAT(slurp(log), ::testing::HasSubstr("SLURM_RESTART_COUNT")) << log;
+    EXPECT_TRUE(slurp(results) == bytes) << results << " changed";
+  }
+
+  // Attempt 3, same command as a requeued Slurm job (SLURM_RESTART_COUNT >= 1): resumes from the
+  // newest checkpoint.
+  auto requeued = job;
+  requeued.insert(requeued.end(), {"SLURM_PROCID=0", "SLURM_NTASKS=1", "SLURM_LOCALID=0", "SLURM_NODEID=0",
+                                   "SLURM_NTASKS_PER_NODE=1", "SLURM_RESTART_COUNT=1"});
+  const auto slurm = child_env(requeued);
   const std::string log3 = dir / "attempt3.txt";
   const pid_t third = spawn(command, slurm, log3);
   ASSERT_TRUE(wait_for(third, log3, "(--resume auto)")) << slurp(log3);

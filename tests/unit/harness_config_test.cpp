@@ -6,6 +6,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
+
+#include <yaml-cpp/yaml.h>
 
 #include "compat/fused_attention.h"
 #include "compat/torch_compat.h"
@@ -637,6 +640,36 @@ TEST(Config, SchemesSetThePaperRowsAndExplicitKeysOverrideThem) {
   EXPECT_EQ(to_yaml(load_config(path)), to_yaml(cb));
   EXPECT_THAT(load_error("compression:\n  scheme: cb_fe_sc_x\n"),
               AllOf(HasSubstr("compression.scheme = 'cb_fe_sc_x'"), HasSubstr("cb_fe_sc, cb_nonlep")));
+}
+
+// scripts/config_keys_added.yaml: the value older builds ran as, for each key added since results
+// were first written; the results reader fills a key missing from an older file with it. Each must
+// equal today's default (a key whose default changed later keeps its old value there, named here).
+TEST(ConfigKeysAdded, EachValueIsTheDefaultItWasAddedWith) {
+  const std::set<std::string> changed_since = {};  // "section.key" whose default changed after it was added
+  const YAML::Node added = YAML::LoadFile(std::string(OPTCC_SOURCE_DIR) + "/scripts/config_keys_added.yaml");
+  const YAML::Node defaults = YAML::Load(to_yaml(Config{}));
+  int checked = 0;
+  for (const auto& section : added) {
+    const std::string name = section.first.as<std::string>();
+    for (const auto& key : section.second) {
+      const std::string k = key.first.as<std::string>();
+      const std::string where = name + "." + k;
+      const YAML::Node now = defaults[name][k];
+      ASSERT_TRUE(now.IsDefined()) << where << " is not a key of the config (harness/config/config.h)";
+      if (changed_since.count(where) > 0) continue;
+      const std::string a = key.second.as<std::string>(), b = now.as<std::string>();
+      double x = 0, y = 0;
+      const bool numbers = YAML::convert<double>::decode(key.second, x) && YAML::convert<double>::decode(now, y);
+      if (numbers) {
+        EXPECT_EQ(x, y) << where;
+      } else {
+        EXPECT_EQ(a, b) << where;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 20);
 }
 
 }  // namespace

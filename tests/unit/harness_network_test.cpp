@@ -9,9 +9,14 @@
 
 #include <unistd.h>
 
+#include <H5Cpp.h>
+
 #include "harness/config/config.h"
+#include "harness/records/results_reader.h"
+#include "harness/train/trainer.h"
 #include "harness/train/network_setup.h"
 #include "tests/support/gloo_ranks.h"
+#include "tests/support/small_training.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
@@ -114,6 +119,81 @@ TEST(NetworkConfig, MatchRegimeNeedsEmulationAProfileAndNoScaleOfItsOwn) {
   testing::TempDir dir;
   std::ofstream(dir / "effective.yaml") << to_yaml(load(on));
   EXPECT_EQ(load_config(dir / "effective.yaml").network.match_regime, paper);
+}
+
+// network.match_regime: from:<results file> reuses the links a run derived (its recorded scale and
+// latencies, same profile), measuring nothing; a file without a derived regime, a missing file and
+// another profile are refused naming the key.
+TEST(NetworkRegime, FromAResultsFileReusesItsDerivedLinks) {
+  testing::TempDir dir;
+  testing::write_synthetic_corpus(dir / "corpus", 64, 200);
+  Config first = testing::small_training_config(dir, {1, 1, 1}, "first");
+  first.train.train_steps = 2;
+  for (const char* kv : {"network.emulate=true", "network.profile=paper-a100-ib200", "network.scale=37.5",
+                         "network.inter_node_latency_us=0.256", "network.intra_node_latency_us=0.0907"}) {
+    apply_override(first, kv);
+  }
+  const std::string file = testing::train_small(first, {1, 1, 1}).results;
+  Config second = testing::small_training_config(dir, {1, 1, 1}, "second");
+  second.train.train_steps = 2;
+  for (const std::string& kv : {std::string("network.emulate=true"), std::string("network.profile=paper-a100-ib200"),
+                                "network.match_regime=from:" + file}) {
+    apply_override(second, kv);
+  }
+  EXPECT_EQ(error_of([&] { second.validate(); }), "");
+  // `first` set its links by hand: no derived regime to reuse.
+  std::string refused;
+  try {
+    testing::train_small(second, {1, 1, 1});
+  } catch (const std::exception& e) {
+    refused = e.what();
+  }
+  EXPECT_THAT(refused, AllOf(HasSubstr("network.match_regime = 'from:" + file + "'"),
+                             HasSubstr("records no derived regime"), HasSubstr("Fix:")));
+  {  // as a run that derived them records it (trainer.cpp: root attribute network_regime)
+    H5::H5File f(file, H5F_ACC_RDWR);
+    const H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+    f.createAttribute("network_regime", type, H5::DataSpace(H5S_SCALAR))
+        .write(type, std::string("scale 37.5 from experiments/paper/gpt-2.5b.yaml on paper-a100-ib200"));
+  }
+  second.log.run_name = "second-ok";
+  const std::string reused = testing::train_small(second, {1, 1, 1}).results;
+  EXPECT_THAT(read_root_attribute(reused, "network_regime"),
+              AllOf(HasSubstr("scale 37.5 from experiments/paper/gpt-2.5b.yaml"), HasSubstr("(reused from " + file)));
+  const YAML::Node net = YAML::Load(read_root_attribute(reused, "config"))["network"];
+  EXPECT_EQ(net["scale"].as<double>(), 37.5);
+  EXPECT_EQ(net["inter_node_latency_us"].as<double>(), 0.256);
+  EXPECT_EQ(net["intra_node_latency_us"].as<double>(), 0.0907);
+  EXPECT_EQ(net["match_regime"].as<std::string>(), "");
+  // A missing file is refused at load; another profile at the start.
+  EXPECT_THAT(error_of([&] {
+                load("network:\n  emulate: true\n  profile: paper-a100-ib200\n  match_regime: from:no-such.h5\n")
+                    .validate();
+              }),
+              AllOf(HasSubstr("'from:no-such.h5'"), HasSubstr("names no file after from:")));
+  {  // as if `first` had run on another cluster's profile
+    H5::H5File f(file, H5F_ACC_RDWR);
+    std::string config;
+    H5::Attribute a = f.openAttribute("config");
+    a.read(a.getStrType(), config);
+    a.close();
+    f.removeAttr("config");
+    const std::string from = "profile: \"paper-a100-ib200\"", to = "profile: \"another-cluster\"";
+    ASSERT_NE(config.find(from), std::string::npos) << config;
+    config.replace(config.find(from), from.size(), to);
+    const H5::StrType type(H5::PredType::C_S1, H5T_VARIABLE);
+    f.createAttribute("config", type, H5::DataSpace(H5S_SCALAR)).write(type, config);
+  }
+  Config other = second;
+  other.log.run_name = "other";
+  refused.clear();
+  try {
+    testing::train_small(other, {1, 1, 1});
+  } catch (const std::exception& e) {
+    refused = e.what();
+  }
+  EXPECT_THAT(refused, HasSubstr("derived its scale for network.profile 'another-cluster', and this run's profile is "
+                                 "'paper-a100-ib200'"));
 }
 
 TEST(NetworkConfig, LinkParamsInSiUnits) {

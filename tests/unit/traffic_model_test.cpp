@@ -233,6 +233,28 @@ TEST(PaperConfigs, SchemesAndLinksOf25B) {
 }
 
 // The docs/design.md §9 rows of a config that already runs CB+FE+SC use its own compressors, and building the
+// `optcc traffic`'s rows follow the config it was given: a hadamard pipeline codec is not called CB,
+// and under DiLoCo the FE and SC rows (every-step DP reduction) are left out, saying why.
+TEST(PaperConfigs, ReportLabelsFollowTheConfig) {
+  TrafficModelOptions o;
+  const auto report = [&](const std::vector<std::string>& sets) {
+    const Config cfg = paper_config("gpt-2.5b.yaml", sets);
+    return traffic_report(cfg, estimate_traffic(cfg, o), paper_traffic_rows(cfg, o), o);
+  };
+  const std::string cb = report({"compression.scheme=cb"});
+  EXPECT_THAT(cb, ::testing::HasSubstr("same, CB-compressed ("));
+  EXPECT_THAT(cb, ::testing::HasSubstr("PP backward, baseline / CB-epi / CB-all"));
+  EXPECT_THAT(cb, ::testing::HasSubstr("DP per GPU with FE+SC"));
+  const std::string hadamard = report({"compression.pipeline_backward={name: hadamard, bits: 4, tile: 64}"});
+  EXPECT_THAT(hadamard, ::testing::HasSubstr("same, hadamard-compressed ("));
+  EXPECT_THAT(hadamard, ::testing::HasSubstr("PP backward, baseline / hadamard-epi / hadamard-all"));
+  EXPECT_THAT(hadamard, ::testing::Not(::testing::HasSubstr("CB-compressed")));
+  const std::string diloco = report({"compression.dp_strategy=diloco", "diloco.inner_steps=16"});
+  EXPECT_THAT(diloco, ::testing::Not(::testing::HasSubstr("FE+SC")));
+  EXPECT_THAT(diloco, ::testing::HasSubstr("left out: they act on the every-step DP reduction"));
+  EXPECT_THAT(diloco, ::testing::HasSubstr("dp_strategy diloco: inner_steps H=16"));
+}
+
 // variants leaves the config's compressor options intact (YAML nodes alias on copy).
 TEST(PaperConfigs, RowsOfACompressedConfigKeepItsOptions) {
   const Config cfg = paper_config("gpt-2.5b.yaml", {"compression.scheme=cb_fe_sc"});

@@ -446,6 +446,29 @@ TEST(DilocoConfig, RefusesWhatItCannotRunNamingTheKey) {
   EXPECT_NE(refused([](Config& c) { c.compression.diloco.fragments = 17; }).find("diloco.fragments"), std::string::npos);
   EXPECT_NE(refused([](Config& c) { c.compression.diloco.sync_delay = 16; }).find("diloco.sync_delay"), std::string::npos);
   EXPECT_NE(refused([](Config& c) { c.compression.diloco.mix = 1.5; }).find("diloco.mix"), std::string::npos);
+  // mix 1 keeps the local weights: every global update would be thrown away.
+  const std::string mix1 = refused([](Config& c) { c.compression.diloco.mix = 1; });
+  EXPECT_NE(mix1.find("diloco.mix = 1: must be in [0, 1)"), std::string::npos) << mix1;
+  EXPECT_NE(mix1.find("throw every global update away"), std::string::npos) << mix1;
+  // Fragments: one rule, [1, min(inner_steps, layers)], and the fix says the same (no divisor needed).
+  EXPECT_EQ(refused([](Config& c) {
+              c.model.num_layers = 4;
+              c.compression.diloco.inner_steps = 16;
+              c.compression.diloco.fragments = 3;
+            }), "");
+  const std::string five = refused([](Config& c) {
+    c.model.num_layers = 4;
+    c.compression.diloco.inner_steps = 16;
+    c.compression.diloco.fragments = 5;
+  });
+  EXPECT_NE(five.find("diloco.fragments = 5: must be in [1, min(inner_steps, model.num_layers)] = [1, 4]"),
+            std::string::npos) << five;
+  EXPECT_NE(five.find("Fix: use a value in [1, 4]"), std::string::npos) << five;
+  EXPECT_EQ(five.find("divisor"), std::string::npos) << five;
+  // compression.dp_stages selects stages of the every-step DP reduction, which DiLoCo does not run.
+  const std::string stages = refused([](Config& c) { c.compression.dp_stages = DpStages::first(1); });
+  EXPECT_NE(stages.find("compression.dp_stages = 1: "), std::string::npos) << stages;
+  EXPECT_NE(stages.find("remove compression.dp_stages"), std::string::npos) << stages;
   EXPECT_NE(refused([](Config& c) { c.compression.diloco.outer.name = "zip"; }).find("diloco.outer"), std::string::npos);
   // Under allreduce a diloco: key off its default is refused with its value.
   const std::string ignored = refused([](Config& c) {

@@ -33,6 +33,7 @@ Config skip_config(const testing::TempDir& dir, const std::string& precision) {
   c.data.split = "100,0,0";  // no validation split
   c.train.train_steps = 8;
   c.train.precision = precision;
+  c.train.skip_nonfinite = true;  // fp32/bf16 skip only when allowed (else they stop: NonFiniteGradient below)
   if (precision == "fp16") {
     c.train.loss_scale_initial = 1024.0;
     c.train.loss_scale_growth_interval = 4;
@@ -224,6 +225,38 @@ TEST(SkippedStep, NaNInCompressorStateStopsTheRunAtTheFirstSkipNamingTheBuffer) 
                                     "optimizer or compressor state", kInfStep, kInfRank)));
   EXPECT_THAT(errors[kInfRank], ::testing::HasSubstr("state/dp_reducer/"));
   EXPECT_THAT(errors[0], ::testing::HasSubstr("the state check after a skipped step failed on rank"));
+  const auto ckpt = std::filesystem::path(cfg.checkpoint_dir());
+  EXPECT_FALSE(std::filesystem::exists(ckpt / fmt::format("iter_{:07d}", kInfStep)));
+  EXPECT_EQ(std::filesystem::path(*latest_checkpoint(ckpt.string())).filename(), fmt::format("iter_{:07d}", kInfStep - 1));
+}
+
+// fp32 without train.skip_nonfinite: an inf in one rank's local gradients is a fault. Every rank
+// stops at that step naming the rank and the step, the rank that holds it names the tensor, and the
+// step reaches no checkpoint.
+TEST(NonFiniteGradient, Fp32InfOnOneRankStopsEveryRankNamingRankStepAndTensor) {
+  testing::TempDir dir;
+  testing::write_synthetic_corpus(dir / "corpus", 64, 200);
+  Config cfg = skip_config(dir, "fp32");
+  cfg.train.skip_nonfinite = false;  // the default
+  std::vector<std::string> errors(4);
+  testing::run_layout({1, 2, 2}, [&](int rank, Distributed& dist) {
+    TrainOptions opt;
+    opt.quiet = true;
+    opt.on_local_gradients = [](int64_t step, int r, const std::vector<torch::Tensor>& grads) {
+      if (step == kInfStep && r == kInfRank) grads.front().view({-1})[0] = std::numeric_limits<float>::infinity();
+    };
+    try {
+      run_training(cfg, opt, dist);
+    } catch (const std::exception& e) {
+      errors[rank] = e.what();
+    }
+  });
+  const std::string what = fmt::format("training stopped: inf/NaN gradients on rank {} at step {}", kInfRank, kInfStep);
+  for (int rank = 0; rank < 4; ++rank) EXPECT_THAT(errors[rank], ::testing::HasSubstr(what)) << "rank " << rank;
+  EXPECT_THAT(errors[kInfRank], ::testing::HasSubstr("(the first non-finite gradient: "));
+  EXPECT_THAT(errors[kInfRank], ::testing::HasSubstr("1 of "));
+  EXPECT_THAT(errors[0], ::testing::HasSubstr(fmt::format("(rank {}'s error names the tensor)", kInfRank)));
+  EXPECT_THAT(errors[0], ::testing::HasSubstr("train.skip_nonfinite: true"));
   const auto ckpt = std::filesystem::path(cfg.checkpoint_dir());
   EXPECT_FALSE(std::filesystem::exists(ckpt / fmt::format("iter_{:07d}", kInfStep)));
   EXPECT_EQ(std::filesystem::path(*latest_checkpoint(ckpt.string())).filename(), fmt::format("iter_{:07d}", kInfStep - 1));
