@@ -53,7 +53,14 @@ STATUSES = ["complete", "partial", "failed"]
 # Config keys that name or place a run rather than change what it computes (left out of a
 # configuration, so runs that differ only there and in train.seed are seeds of one configuration).
 NON_CONFIG_KEYS = [("train", "seed"), ("log", "run_name"), ("log", "dir"), ("log", "level"),
-                   ("checkpoint", "dir")]
+                   ("checkpoint", "dir"),
+                   # What a run does on inf/NaN gradients in fp32/bf16 (stop, or skip and record it in
+                   # /train's `skipped`): a run without such a fault computes the same either way.
+                   ("train", "skip_nonfinite")]
+# Keys added to the config after results were first written, with the value older builds ran as
+# (config_keys_added.yaml explains it): a file without one is read as if it recorded that value.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "config_keys_added.yaml")) as _f:
+    KEYS_ADDED = yaml.safe_load(_f)
 
 # `optcc eval` writes <run>.eval-<step>[.attempt-N].h5 next to the run (harness/checkpoints/eval_checkpoint.h):
 # an evaluation of a checkpoint, not a run's records; find_runs leaves these files out.
@@ -72,12 +79,114 @@ def attr(f, name, default=""):
     return text(f.attrs[name]) if name in f.attrs else default
 
 
-def open_results(path):
-    """Opens a results file for reading, also while its run writes it (SWMR) or after a kill."""
+def run_lock_path(path):
+    """The run lock of a results file: <dir>/<run>.lock, which its writer holds with flock(2) for the run's
+    life (harness/records/run_lock.h); also for <run>.resumed-S.h5 and <run>.attempt-N.h5."""
+    parsed = parse_file_name(os.path.basename(path))
+    return os.path.join(os.path.dirname(path), (parsed[0] if parsed else os.path.basename(path)) + ".lock")
+
+
+def writer_alive(path):
+    """True while a process holds the run lock of results file `path` (its writer is running)."""
+    import fcntl
     try:
-        return h5py.File(path, "r", swmr=True)
+        fd = os.open(run_lock_path(path), os.O_RDONLY)
     except OSError:
-        return h5py.File(path, "r")  # not an SWMR-capable (v110) file: plain open
+        return False  # no lock file: nobody holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # also drops the shared lock
+
+
+def _hdf5_library():
+    """ctypes handle of the HDF5 library h5py itself loaded (the same instance, found in this process's
+    memory map), with the few calls clear_stale_write_flag needs; None when it cannot be found."""
+    import ctypes
+    names = set()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            lib = line.split()[-1] if line.strip() else ""
+            base = os.path.basename(lib)
+            if base.startswith("libhdf5") and "_hl" not in base and ".so" in base:
+                names.add(lib)
+    for name in sorted(names):
+        try:
+            lib = ctypes.CDLL(name)
+            lib.H5Fincrement_filesize  # HDF5 >= 1.10.2
+        except (OSError, AttributeError):
+            continue
+        hid = ctypes.c_int64
+        lib.H5Pcreate.restype, lib.H5Pcreate.argtypes = hid, [hid]
+        lib.H5Pset.argtypes = [hid, ctypes.c_char_p, ctypes.c_void_p]
+        lib.H5Fopen.restype, lib.H5Fopen.argtypes = hid, [ctypes.c_char_p, ctypes.c_uint, hid]
+        lib.H5Fclose.argtypes = [hid]
+        lib.H5Pclose.argtypes = [hid]
+        lib.H5Fincrement_filesize.argtypes = [hid, ctypes.c_uint64]
+        return lib
+    return None
+
+
+def clear_stale_write_flag(path):
+    """What `h5clear -s --increment=0` does, through the HDF5 library h5py uses: clears the superblock's
+    "open for write" flags that a writer killed in SWMR mode leaves behind (a plain reader, h5py.File(path,
+    "r"), pandas or h5dump, then fails with "file is already open for write"), and sets the end of the
+    file's address space to its size, so the rows the writer flushed can be read. Only when the run lock
+    is free (the writer is gone); the shared lock is held while clearing, so no run takes the file over
+    meanwhile. True when the file was cleared."""
+    import ctypes
+    import fcntl
+    try:
+        lock = os.open(run_lock_path(path), os.O_RDONLY)
+    except OSError:
+        lock = None
+    try:
+        if lock is not None:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return False  # the writer is alive: never touch its file
+        lib = _hdf5_library()
+        if lib is None:
+            return False
+        lib.H5open()
+        fapl = lib.H5Pcreate(ctypes.c_int64.in_dll(lib, "H5P_CLS_FILE_ACCESS_ID_g").value)
+        if fapl < 0:
+            return False
+        try:
+            clear = ctypes.c_bool(True)
+            if lib.H5Pset(fapl, b"clear_status_flags", ctypes.byref(clear)) < 0:
+                return False
+            fid = lib.H5Fopen(os.fsencode(path), 1, fapl)  # H5F_ACC_RDWR
+            if fid < 0:
+                return False
+            ok = lib.H5Fincrement_filesize(fid, 0) >= 0
+            return lib.H5Fclose(fid) >= 0 and ok
+        finally:
+            lib.H5Pclose(fapl)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+def open_results(path):
+    """Opens a results file for reading, also while its run writes it (SWMR) or after a kill.
+    A file whose writer died (SIGKILL, a node crash) still carries HDF5's "open for write" flag, which
+    only an SWMR reader gets past; when the run lock says the writer is gone, the flag is cleared
+    (clear_stale_write_flag), so the file opens in any reader afterwards."""
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
+        if "already open for write" not in str(e):
+            raise
+    if not writer_alive(path):
+        if clear_stale_write_flag(path):
+            return h5py.File(path, "r")
+    return h5py.File(path, "r", swmr=True)  # a live run between flushes, or a file this user cannot write
+
 
 
 def parse_file_name(name):
@@ -313,8 +422,15 @@ class Run:
         return hashlib.sha256(self.attr("config").encode()).hexdigest()[:12]
 
     def configuration(self):
-        """The config without the keys that only name or place the run (NON_CONFIG_KEYS), as a dict."""
+        """The config without the keys that only name or place the run (NON_CONFIG_KEYS), as a dict; a key
+        its build did not have yet (KEYS_ADDED) takes the value that build ran as."""
         cfg = json.loads(json.dumps(self.config or {}, default=str))
+        if cfg:
+            for section, keys in KEYS_ADDED.items():
+                have = cfg.setdefault(section, {})
+                if isinstance(have, dict):
+                    for key, value in keys.items():
+                        have.setdefault(key, value)
         for section, key in NON_CONFIG_KEYS:
             (cfg.get(section) or {}).pop(key, None)
         return cfg

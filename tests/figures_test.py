@@ -455,6 +455,42 @@ class ConfigChangeTest(unittest.TestCase):
             self.assertEqual(rows["x (config changed at step 5)"]["files"], "exp/x.resumed-5.h5")
 
 
+class BuildsTest(unittest.TestCase):
+    """A key a build did not have yet (scripts/config_keys_added.yaml) reads as the value that build ran
+    as: one configuration written by an older and a newer build forms one group with paired seeds."""
+
+    def test_older_file_without_the_newer_keys_groups_with_a_newer_one(self):
+        sys.path.insert(0, os.path.join(SOURCE, "scripts"))
+        import optcc_results as R
+        from figures import configs
+        with tempfile.TemporaryDirectory() as tmp:
+            exp = os.path.join(tmp, "results", "exp")
+            os.makedirs(exp)
+            final = FINAL[("baseline", 1)]
+            old = attrs_of("baseline", 1, "baseline-seed1", "2026-01-01T00:00:00Z")  # no newer key at all
+            write_file(os.path.join(exp, "baseline-seed1.h5"), old, run_rows("baseline", 1, 1, STEPS, final))
+            new = attrs_of("baseline", 2, "baseline-seed2", "2026-02-01T00:00:00Z")
+            cfg = yaml.safe_load(new["config"])
+            for section, keys in R.KEYS_ADDED.items():  # a newer build records every key, at its default
+                cfg.setdefault(section, {}).update(keys)
+            cfg["train"]["skip_nonfinite"] = False
+            new["config"] = yaml.safe_dump(cfg, sort_keys=False)
+            write_file(os.path.join(exp, "baseline-seed2.h5"), new, run_rows("baseline", 2, 1, STEPS, final))
+            runs = {r.name: r for r in R.load_runs(os.path.join(tmp, "results"))}
+            self.assertNotIn("dp_strategy", runs["baseline-seed1"].config["compression"])
+            self.assertEqual(runs["baseline-seed1"].configuration(), runs["baseline-seed2"].configuration())
+            self.assertEqual(runs["baseline-seed1"].configuration_hash(), runs["baseline-seed2"].configuration_hash())
+            groups = configs.group_configurations("exp", list(runs.values()))
+            self.assertEqual(len(groups), 1)
+            self.assertEqual(sorted(r.name for r in groups[0].runs), ["baseline-seed1", "baseline-seed2"])
+            # A value that differs from what the older build ran as is a different configuration.
+            cfg["compression"]["dp_strategy"] = "diloco"
+            new["config"] = yaml.safe_dump(cfg, sort_keys=False)
+            write_file(os.path.join(exp, "diloco-seed2.h5"), new, run_rows("baseline", 2, 1, STEPS, final))
+            runs = {r.name: r for r in R.load_runs(os.path.join(tmp, "results"))}
+            self.assertNotEqual(runs["baseline-seed1"].configuration_hash(), runs["diloco-seed2"].configuration_hash())
+
+
 class ReferenceResultsTest(unittest.TestCase):
     """make_figures.py on the committed reference results: every run complete, every figure drawn."""
 
