@@ -18,8 +18,10 @@
 #   EXPERIMENT=experiments/baselines/diloco.yaml SCHEMES="baseline diloco" scripts/run_emulation.sh \
 #     experiments/emulation/mini-3d-paper-regime.yaml 8 --set train.train_steps=26 --set 'log.timeline_steps=[25, 26]'
 # A config with network.match_regime derives its link scale when a run starts; the first scheme's
-# run derives it and the others run at that same scale (read from its results), so that every
-# scheme crosses the same links and the measurement's noise does not enter the comparison.
+# run derives it and the others reuse it (--set network.match_regime=from:<its results file>), so
+# that every scheme crosses the same links and the measurement's noise does not enter the
+# comparison. REGIME=<results file> pins the first run too (e.g. a second round in reverse order).
+# A REGIME file also covers a run of a scheme given alone.
 set -euo pipefail
 config=${1:-experiments/emulation/mini-3d-paper-regime.yaml}
 nproc=${2:-8}
@@ -28,6 +30,7 @@ OPTCC=${OPTCC:-build/optcc}
 PYTHON=${PYTHON:-/usr/bin/python3}
 DP_RANK=${DP_RANK:-16}
 EXPERIMENT=${EXPERIMENT:-}
+REGIME=${REGIME:-}
 RESULTS=${RESULTS:-results}
 name=$(basename "$config" .yaml)
 if [ -n "$EXPERIMENT" ]; then
@@ -56,6 +59,7 @@ PY
 }
 files=()
 same_links=()
+[ -n "$REGIME" ] && same_links=(--set "network.match_regime=from:$REGIME")
 for scheme in $SCHEMES; do
   extra=()
   if [ -n "$EXPERIMENT" ]; then
@@ -73,19 +77,11 @@ for scheme in $SCHEMES; do
     --set log.dir="$RESULTS" --set log.run_name="$run" "${same_links[@]}" "$@"
   files+=("${RESULTS}/${run}.h5")
   if [ ${#same_links[@]} -eq 0 ]; then  # the links the first run derived (network.match_regime), if it did
-    derived=$(PYTHONPATH=scripts "$PYTHON" - "${RESULTS}/${run}.h5" <<'PY'
-import sys, yaml, optcc_results as R
-f = R.open_results(sys.argv[1])
-if "network_regime" in f.attrs:
-    n = yaml.safe_load(f.attrs["config"])["network"]
-    print(n["scale"], n["inter_node_latency_us"], n["intra_node_latency_us"])
-PY
-)
-    if [ -n "$derived" ]; then
-      read -r s li la <<<"$derived"
-      echo "== the other schemes run at the scale this run derived: $s"
-      same_links=(--set network.match_regime= --set network.scale="$s" --set network.inter_node_latency_us="$li"
-                  --set network.intra_node_latency_us="$la")
+    derived=$(PYTHONPATH=scripts "$PYTHON" -c 'import sys, optcc_results as R; print("network_regime" in R.open_results(sys.argv[1]).attrs)' \
+              "${RESULTS}/${run}.h5")
+    if [ "$derived" = True ]; then
+      echo "== the other schemes reuse the links this run derived (network.match_regime=from:${RESULTS}/${run}.h5)"
+      same_links=(--set "network.match_regime=from:${RESULTS}/${run}.h5")
     fi
   fi
 done
