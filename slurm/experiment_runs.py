@@ -100,6 +100,7 @@ class Run:
         self.args = list(run["args"])
         self.axes = dict(run.get("axes") or {})       # grid axis -> this run's value
         self.compression = run.get("compression") or ""  # what it compresses (optcc's compression label)
+        self.match_regime = run.get("match_regime") or ""  # network.match_regime ("" off; from:FILE reuses)
         experiment_dir = os.path.relpath(plan["results_dir"], "results")
         self.results_dir = os.path.join(settings.results, experiment_dir)
         self.results = os.path.join(self.results_dir, os.path.basename(run["results"]))
@@ -121,6 +122,10 @@ class Run:
 
     def finished(self):
         return os.path.exists(os.path.join(ROOT, self.marker))
+
+    def derives_regime(self):
+        """True when the run derives its emulated links at its start (network.match_regime: a paper config)."""
+        return self.kind == "train" and bool(self.match_regime) and not self.match_regime.startswith("from:")
 
     def has_checkpoint(self):
         return bool(self.checkpoint_dir) and os.path.exists(os.path.join(ROOT, self.checkpoint_dir, "latest"))
@@ -298,6 +303,38 @@ def launch_command(settings, run, extra, launcher):
     return srun + train
 
 
+def recorded_regime(runs):
+    """One regime per comparison: the results file whose derived links the experiment's other runs reuse,
+    the first run (index order) that derives its links and whose file already records them (root attribute
+    network_regime); None while none does. A run started after it gets
+    --set network.match_regime=from:<that file> (regime_args), so all of them cross the same links, however
+    much the machine's speed, and with it the derived scale, moves between their starts."""
+    for r in sorted(runs, key=lambda r: r.index):
+        path = os.path.join(ROOT, r.results)
+        if not r.derives_regime() or not os.path.exists(path):
+            continue
+        sys.path.insert(0, os.path.join(ROOT, "scripts"))
+        import optcc_results  # noqa: E402 (h5py: only where a run derives a regime)
+        try:
+            with optcc_results.open_results(path) as f:
+                if "network_regime" in f.attrs:
+                    return r.results
+        except OSError:
+            continue
+    return None
+
+
+def regime_args(run, runs, extra):
+    """The --set that pins `run` to the comparison's recorded regime (recorded_regime), or [] when the run
+    derives none, is that recording run itself, none is recorded yet, or the caller sets match_regime."""
+    if not run.derives_regime() or any("network.match_regime" in a for a in extra):
+        return []
+    source = recorded_regime(runs)
+    if source is None or os.path.normpath(source) == os.path.normpath(run.results):
+        return []
+    return ["--set", f"network.match_regime=from:{source}"]
+
+
 # optcc train's exit code after a stop on SIGTERM/SIGUSR1 with its checkpoint written
 # (harness/parallel/stop_signal.h).
 STOPPED_EXIT_CODE = 75
@@ -321,12 +358,19 @@ def run_forwarding_signals(command):
             signal.signal(s, handler)
 
 
-def run_one(settings, run, extra, launcher):
-    """Trains `run` unless finished; writes its .done marker when optcc exits 0. Returns the exit code."""
+def run_one(settings, run, extra, launcher, runs=()):
+    """Trains `run` unless finished; writes its .done marker when optcc exits 0. Returns the exit code.
+    `runs`: the experiment's runs, for the comparison's recorded regime (regime_args)."""
     if run.finished():
         print(f"[{run.index}] {run.name}: finished ({run.marker} exists), skipped", flush=True)
         return 0
-    command = launch_command(settings, run, extra, launcher)
+    pin = regime_args(run, runs, extra)
+    if pin:
+        print(f"[{run.index}] {run.name}: reuses the comparison's links ({pin[1]})", flush=True)
+    elif run.derives_regime():
+        print(f"[{run.index}] {run.name}: derives the emulated links (network.match_regime); the experiment's later "
+              "runs reuse them", flush=True)
+    command = launch_command(settings, run, list(extra) + pin, launcher)
     os.makedirs(os.path.join(ROOT, run.results_dir), exist_ok=True)  # a benchmark's --benchmark_out needs it
     print(f"[{run.index}] {run.name}: {run.state()}\n  {shlex.join(command)}", flush=True)
     if launcher == "srun":  # a stop signal before the time limit: checkpoint, then requeue the task
@@ -357,7 +401,8 @@ def task_main(argv):
     runs = {r["index"]: r for r in plan["runs"]}
     if not index.isdigit() or int(index) not in runs:
         fail(f"run index {index} is not in {exp} at scale {scale} (indices {sorted(runs)})")
-    return run_one(settings, Run(settings, plan, runs[int(index)]), extra, "srun")
+    all_runs = [Run(settings, plan, r) for r in plan["runs"]]
+    return run_one(settings, all_runs[[r.index for r in all_runs].index(int(index))], extra, "srun", all_runs)
 
 
 if __name__ == "__main__":

@@ -101,6 +101,36 @@ class RunnerRulesTest(unittest.TestCase):
         self.assertEqual(plain.finished_with_other_extra(["--set", "a=b"]), "none")
 
 
+class RegimeTest(unittest.TestCase):
+    """One regime per comparison: runs that derive their emulated links (network.match_regime) reuse the
+    first recorded derivation (--set network.match_regime=from:FILE); before one exists nothing is pinned."""
+
+    def test_later_runs_reuse_the_first_recorded_regime(self):
+        import h5py
+        with tempfile.TemporaryDirectory() as tmp:
+            settings = er.Settings({"OPTCC_RESULTS": tmp})
+            p = plan(NAMES)
+            for r in p["runs"]:
+                r["match_regime"] = "experiments/paper/gpt-2.5b.yaml"
+            p["runs"][3]["match_regime"] = ""  # this run emulates nothing
+            runs = [er.Run(settings, p, r) for r in p["runs"]]
+            self.assertEqual(er.regime_args(runs[1], runs, []), [])  # nothing recorded yet: it derives
+            os.makedirs(os.path.join(tmp, "exp"))
+            with h5py.File(os.path.join(tmp, "exp", "lazy-r16-seed1.h5"), "w") as f:
+                f.attrs["network_regime"] = "scale 53.3 from experiments/paper/gpt-2.5b.yaml"
+            source = runs[1].results
+            self.assertEqual(er.recorded_regime(runs), source)
+            self.assertEqual(er.regime_args(runs[0], runs, []), ["--set", f"network.match_regime=from:{source}"])
+            self.assertEqual(er.regime_args(runs[2], runs, []), ["--set", f"network.match_regime=from:{source}"])
+            self.assertEqual(er.regime_args(runs[1], runs, []), [])  # the recording run itself
+            self.assertEqual(er.regime_args(runs[3], runs, []), [])  # no derivation to pin
+            self.assertEqual(er.regime_args(runs[0], runs, ["--set", "network.match_regime=from:x.h5"]), [])
+            # A file without the attribute (its run did not derive, or has not started) is not a source.
+            with h5py.File(os.path.join(tmp, "exp", "baseline-seed1.h5"), "w") as f:
+                f.attrs["config"] = "{}"
+            self.assertEqual(er.recorded_regime(runs), source)
+
+
 def load_submit():
     loader = importlib.machinery.SourceFileLoader("optcc_submit", SUBMIT)
     spec = importlib.util.spec_from_loader("optcc_submit", loader)

@@ -211,7 +211,8 @@ nlohmann::json sweep_json(const SweepPlan& plan) {
     runs.push_back({{"index", r.index}, {"run", r.run}, {"kind", plan.kind}, {"axes", axes},
                     {"overrides", r.overrides}, {"results", r.results}, {"checkpoint_dir", r.checkpoint_dir},
                     {"world_size", r.world_size}, {"args", r.args},
-                    {"compression", r.compression.empty() ? nlohmann::json() : nlohmann::json(r.compression)}});
+                    {"compression", r.compression.empty() ? nlohmann::json() : nlohmann::json(r.compression)},
+                    {"match_regime", r.match_regime}});
   }
   const SlurmResources& s = plan.slurm;
   const nlohmann::json array_limit = s.array_limit > 0 ? nlohmann::json(s.array_limit) : nlohmann::json();
@@ -262,9 +263,12 @@ void label_runs(SweepPlan& plan, const std::string& root) {
   for (auto& r : plan.runs) {
     try {
       const auto [config, sets] = config_and_sets(r.args);
-      r.compression = compression_label(load_config(under(root, config), sets).compression);
+      const Config cfg = load_config(under(root, config), sets);
+      r.compression = compression_label(cfg.compression);
+      r.match_regime = cfg.network.match_regime;
     } catch (const std::exception&) {
       r.compression.clear();  // --check names the problem
+      r.match_regime.clear();
     }
   }
 }

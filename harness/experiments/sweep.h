@@ -22,7 +22,8 @@
 //               "runs": [{"index", "run", "kind", "axes": {axis: part}, "overrides", "results",
 //               "checkpoint_dir" ("" for a benchmark), "world_size", "args", "compression" (what
 //               the run compresses, compression_label in config.h, e.g. "baseline" or
-//               "dp=powersgd(rank=4)"; null for a benchmark or a config that does not load)}]}
+//               "dp=powersgd(rank=4)"; null for a benchmark or a config that does not load),
+//               "match_regime" (its network.match_regime; "" when off)}]}
 //               (slurm/submit reads needs_gpus, gpus and build from here instead of deriving them.)
 //   --index I   run I's args, one per line
 //   --check     first: a scale whose slurm block asks for GPUs is refused when this binary was built
@@ -54,6 +55,8 @@ struct SweepRun {
   std::vector<std::string> args;                           // optcc arguments (train) or the command line
   std::string compression;  // what the run compresses (compression_label, config.h); "" until
                             // label_runs() loads its config, and for a benchmark run
+  std::string match_regime;  // its network.match_regime (label_runs(), as `compression`): a run that
+                             // derives its links; the runners pin one derivation per comparison
 };
 
 struct SweepPlan {
@@ -76,7 +79,7 @@ std::string sweep_listing(const SweepPlan& plan);
 /// The --json object (header comment).
 nlohmann::json sweep_json(const SweepPlan& plan);
 
-/// Sets each train run's `compression` from its loaded config (base under `root`, its --set list);
+/// Sets each train run's `compression` and `match_regime` from its loaded config (base under `root`, its --set list);
 /// a run whose config does not load keeps "" (`--check` names the problem). `--json` calls it.
 void label_runs(SweepPlan& plan, const std::string& root = ".");
 
