@@ -368,6 +368,12 @@ void validate_diloco_with_compression(const Config& c) {
          "which runs none (diloco.outer compresses every stage's outer gradients alike)",
          "remove compression.dp_stages (its default is all)");
   }
+  if (c.parallel.grad_reduce_dtype != "fp32") {
+    fail("parallel.grad_reduce_dtype", "'" + c.parallel.grad_reduce_dtype + "'",
+         "sets the wire dtype of the every-step DP all-reduce, and compression.dp_strategy is diloco, which runs none "
+         "(the outer exchange's wire is diloco.outer's)",
+         "remove parallel.grad_reduce_dtype, and for a 16-bit outer exchange set diloco.outer: bf16");
+  }
 }
 
 // compression.dp_strategy and the diloco: section.

@@ -36,7 +36,7 @@ using optcc::testing::slurp;
 using optcc::testing::wait_for;
 
 constexpr int kStopped = 75;  // harness/parallel/stop_signal.h kStoppedExitCode
-constexpr int kSteps = 24;    // a multiple of DiLoCo's inner_steps below
+constexpr int kSteps = 32;    // a multiple of DiLoCo's inner_steps below
 
 struct Layout {
   std::string name;
@@ -114,7 +114,7 @@ TEST(StopSignalExactness, SigtermAtRandomMomentsLeavesEveryRunBitIdenticalAfterR
       const std::vector<double> before = read_column(dir / ("results/" + run + ".h5"), "/train/loss");
       const int stopped_at = static_cast<int>(before.size());
       ASSERT_GE(stopped_at, step);
-      ASSERT_LT(stopped_at, kSteps);
+      ASSERT_LE(stopped_at, kSteps);  // at kSteps: the signal reached the last step (the log lags); resume only evaluates
       auto resume = command(dir, s, run);
       resume.insert(resume.end(), {"--resume", "auto"});
       const std::string log2 = dir / (run + "-resumed.txt");

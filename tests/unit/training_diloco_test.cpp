@@ -469,6 +469,9 @@ TEST(DilocoConfig, RefusesWhatItCannotRunNamingTheKey) {
   const std::string stages = refused([](Config& c) { c.compression.dp_stages = DpStages::first(1); });
   EXPECT_NE(stages.find("compression.dp_stages = 1: "), std::string::npos) << stages;
   EXPECT_NE(stages.find("remove compression.dp_stages"), std::string::npos) << stages;
+  const std::string wire = refused([](Config& c) { c.parallel.grad_reduce_dtype = "compute"; });
+  EXPECT_NE(wire.find("parallel.grad_reduce_dtype = 'compute': "), std::string::npos) << wire;
+  EXPECT_NE(wire.find("diloco.outer: bf16"), std::string::npos) << wire;
   EXPECT_NE(refused([](Config& c) { c.compression.diloco.outer.name = "zip"; }).find("diloco.outer"), std::string::npos);
   // Under allreduce a diloco: key off its default is refused with its value.
   const std::string ignored = refused([](Config& c) {
