@@ -64,6 +64,7 @@ int64_t effective_decay(const std::map<std::string, std::string>& keys) {
 const std::vector<std::string>& resume_mutable_keys() {
   static const std::vector<std::string> keys = {
       "train.train_steps",        "train.eval_interval",        "train.eval_iters",      "train.threads",
+      "train.skip_nonfinite",
       "log.*",                    "checkpoint.*",               "parallel.timeout_seconds", "parallel.ranks_per_node", "parallel.interface",
       "parallel.device",          "parallel.backend",           "network.*",             "data.dir"};
   return keys;

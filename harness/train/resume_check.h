@@ -10,6 +10,8 @@
 //   train.decay_steps        only to a value giving the same decay length (e.g. an explicit
 //                            train_steps - warmup_steps for 0)
 //   train.eval_interval, train.eval_iters, train.threads
+//   train.skip_nonfinite     what an fp32/bf16 run does on inf/NaN gradients (its stop's fix is to
+//                            resume with it on); a run without such a fault computes the same
 //   log.*, checkpoint.*      where and what is recorded
 //   parallel.timeout_seconds, parallel.ranks_per_node (labels), parallel.interface, parallel.device,
 //   parallel.backend

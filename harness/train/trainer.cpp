@@ -803,9 +803,10 @@ void Trainer::stop_on_nonfinite_gradients(int first_rank) {
   }
   throw std::runtime_error(fmt::format(
       "training stopped: inf/NaN gradients on rank {} at step {}{}, train.precision {}. Without a loss scale "
-      "this is a fault, not an overflow: nothing of the step was applied. Fix: lower train.lr or raise "
-      "train.warmup_steps and resume from the last checkpoint; or set train.skip_nonfinite: true to skip such "
-      "steps (at most train.max_skipped_steps in a row)",
+      "this is a fault, not an overflow: nothing of the step was applied or saved. Fix: resume from the last "
+      "checkpoint (checkpoint.interval sets how often one is written) with --set train.skip_nonfinite=true to "
+      "skip such steps (at most train.max_skipped_steps in a row), or with a lower train.lr or a longer "
+      "train.warmup_steps (a changed schedule needs --allow-config-change)",
       first_rank, state_.step + 1, d_.rank() == first_rank ? tensor : fmt::format(" (rank {}'s error names the tensor)", first_rank),
       cfg_.train.precision));
 }

@@ -17,6 +17,7 @@
 #include "compat/torch_compat.h"
 #include "harness/config/config.h"
 #include "harness/parallel/distributed.h"
+#include "harness/train/resume_check.h"
 #include "harness/train/trainer.h"
 #include "tests/support/gloo_ranks.h"
 #include "tests/support/small_training.h"
@@ -256,10 +257,23 @@ TEST(NonFiniteGradient, Fp32InfOnOneRankStopsEveryRankNamingRankStepAndTensor) {
   EXPECT_THAT(errors[kInfRank], ::testing::HasSubstr("(the first non-finite gradient: "));
   EXPECT_THAT(errors[kInfRank], ::testing::HasSubstr("1 of "));
   EXPECT_THAT(errors[0], ::testing::HasSubstr(fmt::format("(rank {}'s error names the tensor)", kInfRank)));
-  EXPECT_THAT(errors[0], ::testing::HasSubstr("train.skip_nonfinite: true"));
+  EXPECT_THAT(errors[0], ::testing::HasSubstr("--set train.skip_nonfinite=true"));
   const auto ckpt = std::filesystem::path(cfg.checkpoint_dir());
   EXPECT_FALSE(std::filesystem::exists(ckpt / fmt::format("iter_{:07d}", kInfStep)));
   EXPECT_EQ(std::filesystem::path(*latest_checkpoint(ckpt.string())).filename(), fmt::format("iter_{:07d}", kInfStep - 1));
+}
+
+// The stop's fix: resume with train.skip_nonfinite on. A resume may change that key (it decides only
+// what a fault does), but not the learning rate beside it without --allow-config-change.
+TEST(NonFiniteGradient, AResumeMayTurnOnSkipping) {
+  Config saved, now;
+  now.train.skip_nonfinite = true;
+  const std::string defaults = to_yaml(Config{});
+  EXPECT_TRUE(resume_config_changes(to_yaml(saved), to_yaml(now), defaults).empty());
+  now.train.lr = saved.train.lr / 2;
+  const auto changes = resume_config_changes(to_yaml(saved), to_yaml(now), defaults);
+  ASSERT_EQ(changes.size(), 1u);
+  EXPECT_EQ(changes[0].key, "train.lr");
 }
 
 }  // namespace
