@@ -8,7 +8,8 @@
   h5summary.py RUN.h5 --series train       the whole table, tab-separated, one column per dataset
 
 The file is opened with swmr=True, which reads a live run, a finished run and a run killed in the middle
-of a flush alike; a plain h5py.File(path, "r") also works for finished and killed runs.
+of a flush alike; a plain h5py.File(path, "r") also works for finished and killed runs (a writer
+killed inside a flush leaves a flag that open_results clears: docs/results.md, "Your own reader").
 Needs h5py and numpy (Debian: apt install python3-h5py); run with /usr/bin/python3 if the python3 on
 PATH (pyenv, venv) lacks them.
 """

@@ -22,6 +22,8 @@ except ImportError as e:
     sys.exit(f"label_results.py: {e}; run with /usr/bin/python3 (Debian's python3-h5py)")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from optcc_results import open_results  # noqa: E402  (a killed writer's flag is cleared first)
 
 
 def text(v):
@@ -47,7 +49,7 @@ def main():
     version = subprocess.run([args.optcc, "--version"], capture_output=True, text=True).stdout.strip()
     failed = 0
     for path in args.files:
-        with h5py.File(path, "r") as f:
+        with open_results(path) as f:
             if "compression" in f.attrs:
                 print(f"{path}: has compression = {text(f.attrs['compression'])}")
                 continue
