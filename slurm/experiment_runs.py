@@ -303,33 +303,42 @@ def launch_command(settings, run, extra, launcher):
     return srun + train
 
 
-def recorded_regime(runs):
+def recorded_regime(settings, runs):
     """One regime per comparison: the results file whose derived links the experiment's other runs reuse,
     the first run (index order) that derives its links and whose file already records them (root attribute
     network_regime); None while none does. A run started after it gets
     --set network.match_regime=from:<that file> (regime_args), so all of them cross the same links, however
-    much the machine's speed, and with it the derived scale, moves between their starts."""
-    for r in sorted(runs, key=lambda r: r.index):
-        path = os.path.join(ROOT, r.results)
-        if not r.derives_regime() or not os.path.exists(path):
-            continue
-        sys.path.insert(0, os.path.join(ROOT, "scripts"))
-        import optcc_results  # noqa: E402 (h5py: only where a run derives a regime)
-        try:
-            with optcc_results.open_results(path) as f:
-                if "network_regime" in f.attrs:
-                    return r.results
-        except OSError:
-            continue
-    return None
+    much the machine's speed, and with it the derived scale, moves between their starts. The files are read
+    by settings.python (h5py), as the index and the figures are."""
+    candidates = [r.results for r in sorted(runs, key=lambda r: r.index)
+                  if r.derives_regime() and os.path.exists(os.path.join(ROOT, r.results))]
+    if not candidates:
+        return None
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import optcc_results as R\n"
+             "for p in sys.argv[2:]:\n"
+             "    try:\n"
+             "        with R.open_results(p) as f:\n"
+             "            if 'network_regime' in f.attrs:\n"
+             "                print(p); break\n"
+             "    except OSError:\n"
+             "        pass\n")
+    found = subprocess.run([settings.python, "-c", probe, os.path.join(ROOT, "scripts"),
+                            *[os.path.join(ROOT, c) for c in candidates]], capture_output=True, text=True)
+    hit = found.stdout.strip()
+    if found.returncode != 0 or not hit:
+        if found.returncode != 0:
+            print(f"warning: could not read the runs' recorded regimes ({found.stderr.strip()[-300:]}); this run "
+                  "derives its own links", file=sys.stderr)
+        return None
+    return candidates[[os.path.join(ROOT, c) for c in candidates].index(hit)]
 
 
-def regime_args(run, runs, extra):
+def regime_args(settings, run, runs, extra):
     """The --set that pins `run` to the comparison's recorded regime (recorded_regime), or [] when the run
     derives none, is that recording run itself, none is recorded yet, or the caller sets match_regime."""
     if not run.derives_regime() or any("network.match_regime" in a for a in extra):
         return []
-    source = recorded_regime(runs)
+    source = recorded_regime(settings, runs)
     if source is None or os.path.normpath(source) == os.path.normpath(run.results):
         return []
     return ["--set", f"network.match_regime=from:{source}"]
@@ -364,7 +373,7 @@ def run_one(settings, run, extra, launcher, runs=()):
     if run.finished():
         print(f"[{run.index}] {run.name}: finished ({run.marker} exists), skipped", flush=True)
         return 0
-    pin = regime_args(run, runs, extra)
+    pin = regime_args(settings, run, runs, extra)
     if pin:
         print(f"[{run.index}] {run.name}: reuses the comparison's links ({pin[1]})", flush=True)
     elif run.derives_regime():

@@ -106,29 +106,32 @@ class RegimeTest(unittest.TestCase):
     first recorded derivation (--set network.match_regime=from:FILE); before one exists nothing is pinned."""
 
     def test_later_runs_reuse_the_first_recorded_regime(self):
-        import h5py
         with tempfile.TemporaryDirectory() as tmp:
-            settings = er.Settings({"OPTCC_RESULTS": tmp})
+            settings = er.Settings({"OPTCC_RESULTS": tmp})  # PYTHON: /usr/bin/python3, with h5py
+
+            def write(name, attrs):  # a results file with these root attributes, by the runners' python
+                code = "import sys, h5py\nwith h5py.File(sys.argv[1], 'w') as f:\n    f.attrs[sys.argv[2]] = sys.argv[3]\n"
+                subprocess.run([settings.python, "-c", code, os.path.join(tmp, "exp", name), *attrs], check=True)
+
             p = plan(NAMES)
             for r in p["runs"]:
                 r["match_regime"] = "experiments/paper/gpt-2.5b.yaml"
             p["runs"][3]["match_regime"] = ""  # this run emulates nothing
             runs = [er.Run(settings, p, r) for r in p["runs"]]
-            self.assertEqual(er.regime_args(runs[1], runs, []), [])  # nothing recorded yet: it derives
+            self.assertEqual(er.regime_args(settings, runs[1], runs, []), [])  # nothing recorded yet: it derives
             os.makedirs(os.path.join(tmp, "exp"))
-            with h5py.File(os.path.join(tmp, "exp", "lazy-r16-seed1.h5"), "w") as f:
-                f.attrs["network_regime"] = "scale 53.3 from experiments/paper/gpt-2.5b.yaml"
+            # A file without the attribute (its run did not derive, or has not flushed) is not a source.
+            write("baseline-seed1.h5", ["config", "{}"])
+            self.assertIsNone(er.recorded_regime(settings, runs))
+            write("lazy-r16-seed1.h5", ["network_regime", "scale 53.3 from experiments/paper/gpt-2.5b.yaml"])
             source = runs[1].results
-            self.assertEqual(er.recorded_regime(runs), source)
-            self.assertEqual(er.regime_args(runs[0], runs, []), ["--set", f"network.match_regime=from:{source}"])
-            self.assertEqual(er.regime_args(runs[2], runs, []), ["--set", f"network.match_regime=from:{source}"])
-            self.assertEqual(er.regime_args(runs[1], runs, []), [])  # the recording run itself
-            self.assertEqual(er.regime_args(runs[3], runs, []), [])  # no derivation to pin
-            self.assertEqual(er.regime_args(runs[0], runs, ["--set", "network.match_regime=from:x.h5"]), [])
-            # A file without the attribute (its run did not derive, or has not started) is not a source.
-            with h5py.File(os.path.join(tmp, "exp", "baseline-seed1.h5"), "w") as f:
-                f.attrs["config"] = "{}"
-            self.assertEqual(er.recorded_regime(runs), source)
+            self.assertEqual(er.recorded_regime(settings, runs), source)
+            pinned = ["--set", f"network.match_regime=from:{source}"]
+            self.assertEqual(er.regime_args(settings, runs[0], runs, []), pinned)
+            self.assertEqual(er.regime_args(settings, runs[2], runs, []), pinned)
+            self.assertEqual(er.regime_args(settings, runs[1], runs, []), [])  # the recording run itself
+            self.assertEqual(er.regime_args(settings, runs[3], runs, []), [])  # no derivation to pin
+            self.assertEqual(er.regime_args(settings, runs[0], runs, ["--set", "network.match_regime=from:x.h5"]), [])
 
 
 def load_submit():
