@@ -241,29 +241,21 @@ namespace {
 
 // ---- the training run's evaluation, and the results file ----------------------------------------
 
-bool is_run_file(const std::string& name, const std::string& run) {
-  if (name.size() < 3 || name.compare(name.size() - 3, 3, ".h5") != 0) return false;
-  return name == run + ".h5" || name.rfind(run + ".resumed-", 0) == 0 || name.rfind(run + ".attempt-", 0) == 0;
-}
-
 // The training run's evaluation loss at `step` from <log.dir>/<run>.h5 and its .resumed-* and
 // .attempt-* siblings (the newest file holding that step wins); nullopt when none has it.
 std::optional<double> training_eval_loss(const Config& c, int64_t step, std::string& from) {
-  std::error_code ec;
-  if (!fs::is_directory(c.log.dir, ec)) return std::nullopt;
   std::optional<double> loss;
   fs::file_time_type newest{};
-  for (const auto& e : fs::directory_iterator(c.log.dir, ec)) {
-    if (!is_run_file(e.path().filename().string(), c.log.run_name)) continue;
+  for (const std::string& path : run_results_files(c.log.dir, c.log.run_name)) {  // results_reader.h
     try {
-      if (!results_has_group(e.path().string(), "eval")) continue;
-      const TableData t = read_results_table(e.path().string(), "eval");
+      if (!results_has_group(path, "eval")) continue;
+      const TableData t = read_results_table(path, "eval");
       const auto& steps = t.int_column("step");
       const auto& losses = t.double_column("loss");
-      const auto mtime = fs::last_write_time(e.path());
+      const auto mtime = fs::last_write_time(path);
       for (size_t i = 0; i < t.rows; ++i) {
         if (steps[i] != step || (loss && mtime < newest)) continue;
-        loss = losses[i], newest = mtime, from = e.path().string();
+        loss = losses[i], newest = mtime, from = path;
       }
     } catch (const std::exception&) {  // a file being written or damaged: not evidence either way
       continue;

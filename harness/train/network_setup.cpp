@@ -1,13 +1,18 @@
 // Link emulation set-up on a rank and in the local launcher (see network_setup.h).
 #include "harness/train/network_setup.h"
 
+#include <yaml-cpp/yaml.h>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <set>
+
+#include "harness/records/results_reader.h"
 
 namespace optcc {
 namespace {
@@ -110,6 +115,40 @@ std::unique_ptr<SharedNicSegment> make_launcher_nic_segment(const Config& cfg, i
   auto segment = std::make_unique<SharedNicSegment>(nic_segment_name("launcher"), nodes);
   setenv(kNicShmEnv, segment->name().c_str(), 1);  // inherited by the ranks (launch_local copies environ)
   return segment;
+}
+
+// network.match_regime: from:<results file> (network_setup.h).
+std::string reuse_recorded_regime(Config& cfg) {
+  const std::string value = cfg.network.match_regime;
+  const std::string file = value.substr(std::strlen(kRecordedRegimePrefix));
+  const auto refuse = [&](const std::string& rule, const std::string& fix) {
+    throw ConfigError(fmt::format("config error: network.match_regime = '{}': {}. Fix: {}.", value, rule, fix));
+  };
+  std::string recorded_line, recorded_config;
+  try {
+    recorded_line = read_root_attribute(file, "network_regime");
+    recorded_config = read_root_attribute(file, "config");
+  } catch (const std::exception& e) {
+    refuse(fmt::format("cannot read {} ({})", file, e.what()), "name the results file (.h5) of the run whose links to reuse");
+  }
+  if (recorded_line.empty()) {
+    refuse(fmt::format("{} records no derived regime (its run did not set network.match_regime)", file),
+           "name the results file of a run that derived one (its log printed `network.match_regime: scale ...`)");
+  }
+  const YAML::Node net = YAML::Load(recorded_config)["network"];
+  const std::string profile = net["profile"] ? net["profile"].as<std::string>() : "";
+  if (profile != cfg.network.profile) {
+    refuse(fmt::format("{} derived its scale for network.profile '{}', and this run's profile is '{}'", file, profile,
+                       cfg.network.profile),
+           fmt::format("set network.profile: {}, or derive a regime for this profile", profile));
+  }
+  cfg.network.scale = net["scale"].as<double>();
+  cfg.network.inter_node_latency_us = net["inter_node_latency_us"].as<double>();
+  cfg.network.intra_node_latency_us = net["intra_node_latency_us"].as<double>();
+  cfg.network.match_regime = "";
+  validate_network_config(cfg);
+  return fmt::format("{} (reused from {}: scale {}, latencies {} / {} us inter / intra)", recorded_line, file,
+                     cfg.network.scale, cfg.network.inter_node_latency_us, cfg.network.intra_node_latency_us);
 }
 
 }  // namespace optcc

@@ -12,6 +12,13 @@
 
 namespace optcc {
 
+/// network.match_regime: from:<results file>: sets cfg.network's scale and both latencies to those the
+/// earlier run recorded (its derived regime; same network.profile) and match_regime to "", measuring
+/// nothing; returns the line to record as this run's network_regime ("<its line> (reused from FILE:
+/// ...)"). Throws ConfigError naming the key when the file cannot be read, records no derived regime,
+/// or derived it for another profile. Every rank calls it alike.
+std::string reuse_recorded_regime(Config& cfg);
+
 /// The declared links in SI units (GB/s -> bytes/s, µs -> s) and the skip mask.
 LinkParams link_params(const NetworkConfig& n);
 

@@ -330,7 +330,8 @@ void Trainer::set_up() {
 // config holds the derived values (match_regime "": it ran at that scale), the attribute says how.
 void Trainer::apply_network_regime() {
   if (cfg_.network.match_regime.rfind(kRecordedRegimePrefix, 0) == 0) {
-    reuse_recorded_regime();
+    network_regime_ = reuse_recorded_regime(cfg_);  // network_setup.h
+    if (!quiet_) spdlog::info("network.match_regime: {}", network_regime_);
     return;
   }
   if (!options_.derive_network) {
@@ -344,43 +345,6 @@ void Trainer::apply_network_regime() {
   network_regime_ = options_.derive_network(cfg_, d_);
   cfg_.network.match_regime = "";
   validate_network_config(cfg_);
-  if (!quiet_) spdlog::info("network.match_regime: {}", network_regime_);
-}
-
-// network.match_regime: from:<results file>: the links an earlier run derived (its recorded scale and
-// latencies), so that two runs of one comparison share them; nothing is measured.
-void Trainer::reuse_recorded_regime() {
-  const std::string value = cfg_.network.match_regime;
-  const std::string file = value.substr(std::strlen(kRecordedRegimePrefix));
-  const auto refuse = [&](const std::string& rule, const std::string& fix) {
-    throw ConfigError(fmt::format("config error: network.match_regime = '{}': {}. Fix: {}.", value, rule, fix));
-  };
-  std::string recorded_line, recorded_config;
-  try {
-    recorded_line = read_root_attribute(file, "network_regime");
-    recorded_config = read_root_attribute(file, "config");
-  } catch (const std::exception& e) {
-    refuse(fmt::format("cannot read {} ({})", file, e.what()), "name the results file (.h5) of the run whose links to reuse");
-  }
-  if (recorded_line.empty()) {
-    refuse(fmt::format("{} records no derived regime (its run did not set network.match_regime)", file),
-           "name the results file of a run that derived one (its log printed `network.match_regime: scale ...`)");
-  }
-  const YAML::Node net = YAML::Load(recorded_config)["network"];
-  const std::string profile = net["profile"] ? net["profile"].as<std::string>() : "";
-  if (profile != cfg_.network.profile) {
-    refuse(fmt::format("{} derived its scale for network.profile '{}', and this run's profile is '{}'", file, profile,
-                       cfg_.network.profile),
-           fmt::format("set network.profile: {}, or derive a regime for this profile", profile));
-  }
-  cfg_.network.scale = net["scale"].as<double>();
-  cfg_.network.inter_node_latency_us = net["inter_node_latency_us"].as<double>();
-  cfg_.network.intra_node_latency_us = net["intra_node_latency_us"].as<double>();
-  cfg_.network.match_regime = "";
-  validate_network_config(cfg_);
-  network_regime_ = fmt::format("{} (reused from {}: scale {}, latencies {} / {} us inter / intra)", recorded_line, file,
-                                cfg_.network.scale, cfg_.network.inter_node_latency_us,
-                                cfg_.network.intra_node_latency_us);
   if (!quiet_) spdlog::info("network.match_regime: {}", network_regime_);
 }
 

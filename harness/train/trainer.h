@@ -127,7 +127,6 @@ class Trainer {
 
   void set_up();
   void apply_network_regime();
-  void reuse_recorded_regime();
   void claim_directories();
   void take_run_locks();
   void check_writable_dirs();
