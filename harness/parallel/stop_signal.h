@@ -16,11 +16,11 @@
 //   ranks agree on it in the step's flag all-reduce (so every rank stops after the SAME step, whichever
 //   rank the signal reached), then write a checkpoint, flush the results and exit with
 //   kStoppedExitCode. `--resume auto` continues from that checkpoint (for Slurm: docs/configuration.md,
-//   "Stopping and resuming"). SIGINT (Ctrl-C) keeps its default: the run ends at once.
+//   "Stopping early"). SIGINT (Ctrl-C) keeps its default: the run ends at once.
 // - Children. The local launcher (`--nproc`, distributed.h) records the same way and forwards each
 //   SIGTERM/SIGUSR1 to its ranks; the ranks it starts (this binary again) keep the two signals blocked
 //   through their exec, and take them in their own signal thread. Any other program optcc starts
-//   (optcc-data, npm) gets them unblocked and at their default action (ChildSignals).
+//   (optcc-data, and through it npm) gets them unblocked and at their default action (ChildSignals).
 // - Each rank the launcher starts asks the kernel for SIGTERM when the launcher dies
 //   (PR_SET_PDEATHSIG, die_with_launcher), so a launcher killed with SIGKILL never leaves ranks
 //   training on their own.
