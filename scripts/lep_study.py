@@ -63,7 +63,7 @@ def cell_name(experiment):
 
 def run_diagnostics(run):
     """Means over the compressed sends of the run's second half; None without /lep_diagnostics rows."""
-    t = run.table("lep_diagnostics", since=max(1, run.train_steps // 2 + 1))
+    t = run.table("lep_diagnostics", since=R.lep_diagnostics_first_step(run.train_steps))
     if not t or len(t["step"]) == 0:
         return None
     carried = t["carried_age"] >= 0

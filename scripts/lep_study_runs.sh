@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The LEP study's training runs (experiments/lep-study/*.yaml), one at a time, into the
 # committed results/reference/lep-study-<cell>/, so that a study longer than one machine's life
-# goes on where it stopped: each finished run's .h5 (gzip-compacted, scripts/compact_results.py)
+# goes on where it stopped: each finished run's .h5 (gzip-compacted and trimmed, scripts/compact_results.py --trim)
 # and its .done marker are committed, and slurm/local skips runs whose .done exists (a run with
 # a checkpoint under results/reference/lep-study-<cell>/ckpt/, not committed, resumes).
 #   scripts/lep_study_runs.sh CELL [CONFIG_REGEX [SEED ...]]
@@ -41,7 +41,7 @@ for seed in "${seeds[@]}"; do
     pause
     echo "== $(date -u +%H:%M:%S) $cell/$name"
     if slurm/local "$exp" --only "run=$name"; then
-      "$PYTHON" scripts/compact_results.py "$dir/$name"*.h5
+      "$PYTHON" scripts/compact_results.py --trim "$dir/$name"*.h5
       rm -rf "${dir:?}/ckpt/$name"
     else
       failed=1

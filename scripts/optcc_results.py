@@ -68,6 +68,12 @@ EVAL_FILE = re.compile(r"\.eval-\d+(?:\.attempt-\d+)?\.h5$")
 RUN_FILE = re.compile(r"^(?P<run>.+?)(?:\.resumed-(?P<step>\d+))?(?:\.attempt-(?P<attempt>\d+))?\.h5$")
 
 
+def lep_diagnostics_first_step(train_steps):
+    """The first step of /lep_diagnostics the LEP study reads: its means are over the run's second half
+    (steps > train_steps / 2). compact_results.py --trim drops the rows before it."""
+    return max(1, int(train_steps) // 2 + 1)
+
+
 def text(value):
     """An HDF5 attribute as str (h5py gives str or bytes)."""
     if isinstance(value, bytes):

@@ -9,7 +9,7 @@
 #   scripts/reference_results.sh [PART ...]     PART: table2 table4 fig11 fig12 fig10 compressors-dp fig14
 #                                               (default: all; a part's folder is emptied first,
 #                                               but for its ABOUT.txt: real runs or placeholder, and why)
-# Then every results file is compacted (scripts/compact_results.py: gzip, same values) and
+# Then every results file is compacted (scripts/compact_results.py --trim: gzip, the values figures read) and
 # `make figures` regenerates paper/. Environment: OPTCC (default build/optcc), BENCH (default
 # build/tests/bench/bench_compression), PYTHON (default /usr/bin/python3), CKPT (checkpoint root,
 # default /tmp/optcc-reference-ckpt; removed at the start of each part), PAUSE_FILE (while this
@@ -119,6 +119,6 @@ for p in "${parts[@]}"; do
   "part_${p//-/_}"
   echo "== $p: $(( $(date +%s) - start )) s"
 done
-find "$OUT" -name '*.h5' -print0 | sort -z | xargs -0 -r "$PYTHON" scripts/compact_results.py
+find "$OUT" -name '*.h5' -print0 | sort -z | xargs -0 -r "$PYTHON" scripts/compact_results.py --trim
 rm -rf "${CKPT:?}"
 make --no-print-directory figures PYTHON="$PYTHON"

@@ -419,6 +419,42 @@ class FiguresTest(unittest.TestCase):
         with h5py.File(dst, "r") as f:
             self.assertEqual((f["train"].attrs["columns"], f["train/loss"].compression), (",".join(TABLES["train"]), "gzip"))
 
+    def test_trim_leaves_out_only_what_no_script_reads(self):
+        import shutil
+        sys.path.insert(0, os.path.join(SOURCE, "scripts"))
+        import optcc_results as R
+        src = os.path.join(self.results, "exp", "cb-seed1.h5")
+        dst = os.path.join(self.tmp.name, "trim", "cb-seed1.h5")
+        os.makedirs(os.path.dirname(dst))
+        shutil.copy(src, dst)
+        with h5py.File(dst, "a") as f:  # /lep_diagnostics: one row per step 1..STEPS
+            g = f.create_group("lep_diagnostics")
+            g.attrs["columns"] = "step,rank,relative_error"
+            g.create_dataset("step", data=np.arange(1, STEPS + 1, dtype=np.int64), maxshape=(None,), chunks=(1024,))
+            g.create_dataset("rank", data=np.ones(STEPS, dtype=np.int64), maxshape=(None,), chunks=(1024,))
+            g.create_dataset("relative_error", data=np.linspace(0.5, 0.1, STEPS), maxshape=(None,), chunks=(1024,))
+        for _ in range(2):  # a second --trim changes nothing
+            r = script("compact_results.py", "--trim", dst)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        a, b = R.Run.from_paths([src]), R.Run.from_paths([dst])
+        self.assertEqual(b.attrs.pop("trimmed").splitlines(), [
+            f"/lep_diagnostics rows of steps < {STEPS // 2 + 1} dropped (the run's first half, which "
+            "scripts/lep_study.py does not read)",
+            "/traffic/seconds dropped (each collective's wall time, which no figure or table reads: step times "
+            "are in /train and /timing)"])
+        self.assertEqual(a.attrs, b.attrs)
+        for t in TABLES:
+            ta, tb = a.table(t), b.table(t)
+            self.assertEqual(sorted(tb), sorted(c for c in ta if (t, c) != ("traffic", "seconds")), t)
+            for c in tb:
+                self.assertEqual(ta[c].tolist(), tb[c].tolist(), f"{t}/{c}")
+        lep = b.table("lep_diagnostics")
+        self.assertEqual(lep["step"].tolist(), list(range(STEPS // 2 + 1, STEPS + 1)))
+        self.assertEqual(lep["relative_error"].tolist(), np.linspace(0.5, 0.1, STEPS)[STEPS // 2:].tolist())
+        with h5py.File(dst, "r") as f:  # optcc's C++ reader opens the columns the attribute names
+            self.assertEqual(f["traffic"].attrs["columns"], "step,rank,class,link,bytes,calls,emulated_seconds")
+            self.assertNotIn("seconds", f["traffic"])
+
     def test_experiment_filter(self):
         other = os.path.join(self.tmp.name, "only")
         r = script("make_figures.py", "--results", self.results, "--out", other, "--experiment", "nope")
