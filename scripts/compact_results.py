@@ -99,14 +99,16 @@ def copy_tree(src, dst, plan, where=""):
     for name in src:
         obj = src[name]
         if isinstance(obj, h5py.Group):
-            copy_tree(obj, dst.create_group(name), plan, f"{where}{name}/")
+            gcpl = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
+            gcpl.set_obj_track_times(False)  # no creation times: the same input gives the same bytes
+            copy_tree(obj, h5py.Group(h5py.h5g.create(dst.id, name.encode(), gcpl=gcpl)), plan, f"{where}{name}/")
             continue
         if table_plan and name in table_plan[0]:
             continue
         data = kept(src, table_plan, name)
         chunk = (max(1, min(len(data), 1 << 20)),) if data.ndim == 1 else True
         ds = dst.create_dataset(name, data=data, dtype=obj.dtype, maxshape=(None,) * data.ndim, chunks=chunk,
-                                compression="gzip", compression_opts=9, shuffle=True)
+                                compression="gzip", compression_opts=9, shuffle=True, track_times=False)
         copy_attrs(obj, ds)
 
 
@@ -135,8 +137,14 @@ def same_tree(a, b, plan, where="/"):
 
 
 def compact(path, trim):
+    path = os.path.realpath(path)  # a symbolic link (one reference folder reuses another's runs) stays one
     tmp = path + ".compact.tmp"
-    with R.open_results(path) as src, h5py.File(tmp, "w", libver="latest") as dst:
+    fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
+    fcpl.set_obj_track_times(False)
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    h5py.h5f.create(tmp.encode(), h5py.h5f.ACC_TRUNC, fcpl=fcpl, fapl=fapl).close()
+    with R.open_results(path) as src, h5py.File(tmp, "r+") as dst:
         plan = plan_of(src, trim)
         copy_tree(src, dst, plan)
         note = trimmed_note(src, plan)
