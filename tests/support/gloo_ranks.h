@@ -99,9 +99,10 @@ void run_ranks(int world, F fn, std::chrono::milliseconds timeout = std::chrono:
 namespace optcc::testing {
 
 /// Runs fn(rank, Distributed&) on tp*pp*dp threads, each with a full Distributed (all layout groups)
-/// over the shared HashStore, all ranks on one node.
+/// over the shared HashStore, all ranks on one node. `timeout`: the rendezvous and per-collective
+/// timeout (a test whose ranks are expected to wait for a failed peer passes a short one).
 template <class F>
-void run_layout(ParallelDims dims, F fn) {
+void run_layout(ParallelDims dims, F fn, std::chrono::milliseconds timeout = std::chrono::milliseconds(20000)) {
   const int world = dims.world();
   run_ranks(world, [&](const RankContext& ctx) {
     LaunchEnv env;
@@ -113,7 +114,7 @@ void run_layout(ParallelDims dims, F fn) {
       if (c && c->process_group()) ctx.keep_alive->push_back(c->process_group());
     }
     fn(ctx.rank, *dist);
-  });
+  }, timeout);
 }
 
 }  // namespace optcc::testing
