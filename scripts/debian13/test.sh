@@ -56,8 +56,12 @@ t_build=$(date +%s)
 # against LibTorch 2.x, and -g makes each of its translation units about 30% slower to compile.
 in_root cmake -S /optcc -B /optcc/build-debian13 -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -DNDEBUG" > /dev/null
+in_root ccache -z > /dev/null 2>&1 || true  # this build's compiler-cache hits, printed below
 in_root cmake --build /optcc/build-debian13 -j "$JOBS"
-echo "debian13: build took $(( $(date +%s) - t_build )) s"
+hits=$(in_root ccache --print-stats 2>/dev/null |
+  awk -F'\t' '$1 ~ /^(direct|preprocessed)_cache_hit$/ {h += $2} $1 == "cache_miss" {m += $2}
+               END {printf "%d of %d compiles (%.0f%%)", h, h + m, h + m ? 100 * h / (h + m) : 0}')
+echo "debian13: build took $(( $(date +%s) - t_build )) s; compiler cache hits: $hits"
 
 if [ "$TESTS" = 1 ]; then
   t_test=$(date +%s)

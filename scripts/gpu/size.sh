@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
-# Measures what a GPU machine receives of this checkout: the tracked files (working-tree sizes),
-# the untracked files git does not ignore, and the ignored paths the run carries (the kit's .debs
-# and the prepared demo corpus). Prints each part and the total in MiB, and the carry list to name.
+# The repository's size budgets. Measures what a GPU machine receives of this checkout: the tracked
+# files (working-tree sizes), the untracked files git does not ignore, and the ignored paths the run
+# carries (the kit's .debs and the prepared demo corpus). Prints each part and the total in MiB, and
+# the carry list to name. Two budgets, each with room below a hard limit:
+#   the tracked tree            at most OPTCC_TRACKED_LIMIT_MIB (default 40)
+#   what travels to the GPU     at most OPTCC_GPU_LIMIT_MIB (default 52; the device tool takes 64 at most)
+# Above either, it names the budget, the largest files and folders that count toward it, and exits 2.
+# .ci/run runs it (after scripts/gpu/fetch_deps.sh, so the .debs count).
 #
-#   scripts/gpu/size.sh [--quiet]      exit 2 when the total exceeds the limit (64 MiB)
+#   scripts/gpu/size.sh [--quiet]      --quiet: print only when a budget is exceeded
 #
-# Environment: OPTCC_GPU_LIMIT_MIB (default 64), OPTCC_GPU_DEBS (default scripts/gpu/debs).
+# Environment: OPTCC_TRACKED_LIMIT_MIB, OPTCC_GPU_LIMIT_MIB, OPTCC_GPU_DEBS (default scripts/gpu/debs).
 # Sizes are file sizes in bytes (what is copied), not disk blocks. Called by fetch_deps.sh and by
 # check.sh --dry-run; uses only `git ls-files` (reads, never writes the index).
 set -euo pipefail
 
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
-LIMIT_MIB="${OPTCC_GPU_LIMIT_MIB:-64}"
+LIMIT_MIB="${OPTCC_GPU_LIMIT_MIB:-52}"
+TRACKED_LIMIT_MIB="${OPTCC_TRACKED_LIMIT_MIB:-40}"
 DEBS="${OPTCC_GPU_DEBS:-$REPO/scripts/gpu/debs}"
 QUIET=0
 case "${1:-}" in
@@ -62,14 +68,38 @@ fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "gpu/size.sh: WARNING: not here, so not carried: ${missing[*]} (debs: scripts/gpu/fetch_deps.sh; corpus: make data)" >&2
 fi
-if [ "$total" -gt "$limit" ]; then
-  echo "gpu/size.sh: $(mib "$total") MiB would travel, above the limit of $LIMIT_MIB MiB. Largest parts:" >&2
-  {
-    { git ls-files -z; git ls-files -z -o --exclude-standard; } | sizes |
-      awk -F'\t' '{n = split($2, a, "/"); k = n > 2 ? a[1] "/" a[2] : a[1]; s[k] += $1} END {for (k in s) print s[k] "\t" k}'
-    for c in "${CARRY[@]}"; do [ -e "$c" ] && printf '%s\t%s (carried)\n' "$(find "$c" -type f -print0 | bytes_of_list)" "$c"; done
-  } | sort -rn | head -6 | awk -F'\t' '{printf "    %8.1f MiB  %s\n", $1/1048576, $2}' >&2
-  echo "gpu/size.sh: fix: drop the corpus from the carry list (then run check.sh with --steps unit,bench,fig14: its ranks step needs it)," \
-       "trim SHIP in scripts/gpu/fetch_deps.sh, or remove large untracked files" >&2
-  exit 2
+tracked_limit=$((TRACKED_LIMIT_MIB * 1048576))
+if [ "$QUIET" = 0 ]; then
+  printf '  budgets   tracked %s of %s MiB, travelling %s of %s MiB\n' "$(mib "$tracked")" "$TRACKED_LIMIT_MIB" "$(mib "$total")" "$LIMIT_MIB"
 fi
+
+# "bytes<TAB>path" of the largest files and of the largest folders (two levels) among stdin's lines.
+largest() (  # a subshell: its pipefail change stays inside
+  lines=$(cat)
+  set +o pipefail  # head ends the sorts early
+  echo "    largest files:" >&2
+  printf '%s\n' "$lines" | sort -rn | head -8 | awk -F'\t' '{printf "      %8.2f MiB  %s\n", $1/1048576, $2}' >&2
+  echo "    largest folders:" >&2
+  printf '%s\n' "$lines" |
+    awk -F'\t' '{n = split($2, a, "/"); k = n > 2 ? a[1] "/" a[2] : a[1]; s[k] += $1} END {for (k in s) print s[k] "\t" k}' |
+    sort -rn | head -6 | awk -F'\t' '{printf "      %8.2f MiB  %s\n", $1/1048576, $2}' >&2
+)
+over=0
+if [ "$tracked" -gt "$tracked_limit" ]; then
+  echo "gpu/size.sh: the tracked tree is $(mib "$tracked") MiB, above its budget of $TRACKED_LIMIT_MIB MiB (OPTCC_TRACKED_LIMIT_MIB)." >&2
+  git ls-files -z | sizes | largest
+  echo "gpu/size.sh: fix: shrink or drop the largest tracked files (reference results: scripts/compact_results.py --trim;" \
+       "docs/builds.md, \"Size budgets\"), or raise the budget in scripts/gpu/size.sh with the reason" >&2
+  over=1
+fi
+if [ "$total" -gt "$limit" ]; then
+  echo "gpu/size.sh: $(mib "$total") MiB would travel to the GPU machine, above its budget of $LIMIT_MIB MiB (OPTCC_GPU_LIMIT_MIB; the device tool's hard limit is 64 MiB)." >&2
+  {
+    { git ls-files -z; git ls-files -z -o --exclude-standard; } | sizes
+    for c in "${CARRY[@]}"; do if [ -e "$c" ]; then find "$c" -type f -print0 | sizes; fi; done
+  } | largest
+  echo "gpu/size.sh: fix: drop the corpus from the carry list (then run check.sh with --steps unit,bench,fig14: its ranks step needs it)," \
+       "trim SHIP in scripts/gpu/fetch_deps.sh, shrink the tracked tree, or remove large untracked files" >&2
+  over=1
+fi
+[ "$over" = 0 ] || exit 2
