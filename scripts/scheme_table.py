@@ -3,18 +3,23 @@
 
   scheme_table.py RUN.h5 [RUN.h5 ...] [--json]
 
-One row per file: the run (what it compresses, root attribute compression: `baseline`, a scheme's
-name or e.g. `dp=powersgd(rank=4)`; the file name for files written before optcc recorded it),
-steps, final validation loss and perplexity, the perplexity relative to the reference (the first
-uncompressed run given, listed first; without one the first file, and the table says so), the
-bytes ALL ranks sent per training step by traffic class (mean over the
-steps after the first; evaluation is not counted), the largest LEP buffer memory of a rank, the
-mean absolute cosine of the Fig. 11 diagnostic when it was recorded, and the mean step time (s).
-Reads through scripts/optcc_results.py. Needs h5py, numpy and PyYAML (/usr/bin/python3 on Debian
-after `make deps`).
+Runs, not files: every file named is read with the other files of its run in the same folder (a
+run stopped and resumed writes <run>.h5, <run>.resumed-S.h5, ...; scripts/optcc_results.py merges
+them by step, as the index and `make figures` do), so naming any part of a run, or all of them, gives
+one row. One row per run: what it compresses (root attribute compression: `baseline`, a scheme's name
+or e.g. `dp=powersgd(rank=4)`; the run's name for files written before optcc recorded it), its status
+and last step, final validation loss and perplexity, the perplexity relative to the reference (the
+first complete uncompressed run given, listed first; without one the first run, and the table says
+so), the bytes ALL ranks sent per training step by traffic class and the step time (the index's
+numbers: optcc_results.Run.bytes_per_step and step_time), the largest LEP buffer memory of a rank, and
+the mean absolute cosine of the Fig. 11 diagnostic when it was recorded.
+A run that is partial, or that ran another number of steps than the reference, is flagged in its
+`note` column and below the table: its perplexity is not comparable with the reference's.
+Needs h5py, numpy and PyYAML (/usr/bin/python3 on Debian after `make deps`).
 """
 import argparse
 import json
+import math
 import os
 import sys
 
@@ -25,37 +30,61 @@ import numpy as np  # noqa: E402
 CLASSES = R.DATA_CLASSES
 
 
-def summarise(path):
-    if not os.path.isfile(path):
-        sys.exit(f"scheme_table.py: {path}: no such file (a run's results are <log.dir>/<run>.h5; the committed "
-                 "ones are under results/reference/)")
-    run = R.Run.from_paths([path])
-    if not run.table("train") or not len(run.table("train")["step"]) or not run.table("eval"):
-        sys.exit(f"scheme_table.py: {path}: no training step or no evaluation recorded (not an optcc results "
+def runs_of(paths):
+    """[(label, Run)] of the named files, each with the other files of its run, in the order named."""
+    groups = {}
+    for path in paths:
+        if not os.path.isfile(path):
+            sys.exit(f"scheme_table.py: {path}: no such file (a run's results are <log.dir>/<run>.h5; the committed "
+                     "ones are under results/reference/)")
+        folder, parsed = os.path.dirname(path), R.parse_file_name(os.path.basename(path))
+        if parsed is None or R.EVAL_FILE.search(path):
+            sys.exit(f"scheme_table.py: {path}: not a run's results file (<run>.h5, <run>.resumed-S.h5 or "
+                     "<run>.attempt-N.h5)")
+        key = (folder, parsed[0])
+        if key not in groups:
+            groups[key] = sorted(os.path.join(folder or ".", n) for n in os.listdir(folder or ".")
+                                 if not R.EVAL_FILE.search(n) and (R.parse_file_name(n) or ("",))[0] == parsed[0])
+    out = []
+    for (folder, name), files in groups.items():
+        for run in R.split_at_config_changes("", name, files):
+            out.append((os.path.join(folder, run.name) if folder else run.name, run))
+    return out
+
+
+def summarise(label, run):
+    t, final = run.table("train"), run.final_eval()
+    if not t or not len(t["step"]) or final is None:
+        sys.exit(f"scheme_table.py: {label}: no training step or no evaluation recorded (not an optcc results "
                  "file, or its run stopped before the first evaluation)")
-    label = run.compression or path.rsplit("/", 1)[-1].removesuffix(".h5") + " (compression not recorded)"
-    row = {"file": path, "compression": label, "uncompressed": run.compression == "baseline"}
-    train, ev = run.table("train"), run.table("eval")
-    steps = train["step"]
-    row["steps"] = int(steps[-1]) if len(steps) else 0
-    row["val_loss"] = float(ev["loss"][-1])
-    row["val_ppl"] = float(ev["ppl"][-1])
-    row["step_seconds"] = float(np.mean(train["step_seconds"][1:])) if len(steps) > 1 else float("nan")
-    t = run.table("traffic")
-    tstep, tcls, tbytes = t["step"], t["class"], t["bytes"]
-    # Steps after the first; also leave out the step after each evaluation (files written
-    # before evaluation traffic was excluded from /traffic counted it there).
-    later = (tstep > 1) & ~np.isin(tstep, ev["step"] + 1)
-    n = max(1, len(np.unique(tstep[later])))
-    for c in CLASSES:  # by the class's number in /traffic
-        row[f"{c}_MB_per_step"] = float(tbytes[later & (tcls == R.TRAFFIC_CLASSES.index(c))].sum()) / n / 1e6
+    status, why = run.status()
+    row = {"run": label, "files": [f.path for f in run.files],
+           "compression": run.compression or os.path.basename(label) + " (compression not recorded)",
+           "uncompressed": run.compression == "baseline", "status": status, "status_reason": why,
+           "steps": run.last_step, "train_steps": run.train_steps,
+           "eval_step": final[0], "val_loss": final[1], "val_ppl": final[2]}
+    row["step_seconds"] = run.step_time()[0]
+    per_class = run.bytes_per_step()
+    for c in CLASSES:
+        row[f"{c}_MB_per_step"] = per_class.get(c, 0.0) / 1e6
     mem = run.table("memory_components")
-    if mem:
-        row["lep_bytes_per_rank"] = int(mem["lep_buffers"].max()) if len(mem["lep_buffers"]) else 0
+    if mem and len(mem["lep_buffers"]):
+        row["lep_bytes_per_rank"] = int(mem["lep_buffers"].max())
     orth = run.table("lep_orthogonality")
     if orth and len(orth["cosine"]):
         row["lep_mean_abs_cos"] = float(np.mean(np.abs(orth["cosine"])))
     return row
+
+
+def notes_of(row, ref):
+    notes = []
+    if row["status"] != "complete":
+        notes.append(f"{row['status']}: {row['status_reason']}" if row["status_reason"] else row["status"])
+    if row is not ref and row["eval_step"] != ref["eval_step"]:
+        notes.append(f"evaluated at step {row['eval_step']}, the reference at {ref['eval_step']}: not comparable")
+    if len(row["files"]) > 1:
+        notes.append(f"{len(row['files'])} files merged")
+    return notes
 
 
 def main():
@@ -63,31 +92,40 @@ def main():
     ap.add_argument("files", nargs="+")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args()
-    rows = [summarise(p) for p in args.files]
-    ref = next((r for r in rows if r["uncompressed"]), None)
-    note = f"reference: {ref['file']} (uncompressed)" if ref else \
-        f"reference: {rows[0]['file']}, the first file (no uncompressed run given)"
+    rows = [summarise(label, run) for label, run in runs_of(args.files)]
+    ref = next((r for r in rows if r["uncompressed"] and r["status"] == "complete"), None)
+    note = f"reference: {ref['run']} (uncompressed)" if ref else \
+        f"reference: {rows[0]['run']}, the first run (no complete uncompressed run given)"
     ref = ref or rows[0]
     rows.remove(ref)
     rows.insert(0, ref)
     for r in rows:
         r["ppl_vs_reference"] = r["val_ppl"] / ref["val_ppl"] - 1
+        r["notes"] = notes_of(r, ref)
     if args.json:
-        print(json.dumps({"reference": ref["file"], "note": note, "rows": rows}, indent=2))
+        print(json.dumps({"reference": ref["run"], "note": note, "rows": rows}, indent=2))
         return
     print(note + "\n")
-    head = ["compression", "steps", "val loss", "val ppl", "ppl vs ref."] + [f"{c} MB/step" for c in CLASSES] + \
-           ["LEP B/rank", "mean abs cos (Fig. 11)", "s/step"]
+    head = ["compression", "run", "steps", "val loss", "val ppl", "ppl vs ref."] + \
+        [f"{c} MB/step" for c in CLASSES] + ["LEP B/rank", "mean abs cos (Fig. 11)", "s/step", "note"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
-        cells = [r["compression"], str(r["steps"]), f"{r['val_loss']:.4f}", f"{r['val_ppl']:.2f}",
-                 f"{100 * r['ppl_vs_reference']:+.2f}%"]
+        cells = [r["compression"], os.path.basename(r["run"]), f"{r['steps']}/{r['train_steps']}",
+                 f"{r['val_loss']:.4f}", f"{r['val_ppl']:.2f}", f"{100 * r['ppl_vs_reference']:+.2f}%"]
         cells += [f"{r[c + '_MB_per_step']:.3f}" for c in CLASSES]
         cells += [str(r.get("lep_bytes_per_rank", "")),
                   f"{r['lep_mean_abs_cos']:.4f}" if "lep_mean_abs_cos" in r else "",
-                  f"{r['step_seconds']:.3f}"]
+                  f"{r['step_seconds']:.3f}" if math.isfinite(r["step_seconds"]) else "",
+                  "; ".join(r["notes"])]
         print("| " + " | ".join(cells) + " |")
+    print("\n- MB/step: bytes all ranks sent per training step, mean over the last 20 recorded steps (DiLoCo: "
+          "whole periods); s/step: median step time after step 3 (DiLoCo: mean over whole periods); "
+          "the numbers of results/index.csv and `make figures`")
+    flagged = [r for r in rows if any("not comparable" in n or n.startswith("partial") for n in r["notes"])]
+    if flagged:
+        print("- NOT COMPARABLE with the reference (another step count, or partial): "
+              + ", ".join(os.path.basename(r["run"]) for r in flagged))
 
 
 if __name__ == "__main__":

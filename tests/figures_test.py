@@ -390,12 +390,34 @@ class FiguresTest(unittest.TestCase):
         r = script("scheme_table.py", *files)
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = r.stdout.splitlines()
-        self.assertIn("z_none-seed1.h5 (uncompressed)", lines[0])
-        self.assertTrue(lines[4].startswith("| baseline | 10 | 5.1000 |"), r.stdout)
-        self.assertTrue(lines[5].startswith(f"| dp=topk(fraction=0.01) | 10 | 5.3000 | {math.exp(5.3):.2f} | "
-                                            f"{100 * (math.exp(5.3) / math.exp(5.1) - 1):+.2f}% |"), r.stdout)
+        self.assertIn("z_none-seed1 (uncompressed)", lines[0])
+        self.assertTrue(lines[4].startswith("| baseline | z_none-seed1 | 10/10 | 5.1000 |"), r.stdout)
+        self.assertTrue(lines[5].startswith(f"| dp=topk(fraction=0.01) | a_topk-seed1 | 10/10 | 5.3000 | "
+                                            f"{math.exp(5.3):.2f} | {100 * (math.exp(5.3) / math.exp(5.1) - 1):+.2f}% |"),
+                        r.stdout)
         r = script("scheme_table.py", files[0])
-        self.assertIn("the first file (no uncompressed run given)", r.stdout)
+        self.assertIn("the first run (no complete uncompressed run given)", r.stdout)
+
+    def test_scheme_table_merges_a_runs_files_and_flags_what_is_not_comparable(self):
+        exp = os.path.join(self.results, "exp")
+        # cb-seed2's first part only: its resumed part (steps 6..10) is found beside it and merged.
+        r = script("scheme_table.py", os.path.join(exp, "baseline-seed1.h5"), os.path.join(exp, "cb-seed2.h5"),
+                   os.path.join(exp, "cb_fe-seed1.h5"), "--json")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = json.loads(r.stdout)
+        rows = {os.path.basename(x["run"]): x for x in out["rows"]}
+        self.assertEqual(list(rows), ["baseline-seed1", "cb-seed2", "cb_fe-seed1"])
+        cb = rows["cb-seed2"]
+        self.assertEqual((cb["steps"], cb["status"], len(cb["files"])), (STEPS, "complete", 2))
+        self.assertEqual((cb["val_loss"], cb["val_ppl"]), FINAL[("cb", 2)])  # the resumed part's final evaluation
+        self.assertEqual(cb["notes"], ["2 files merged"])
+        # The index's bytes per step (the last 20 recorded steps after the first: steps 2..10 here).
+        self.assertAlmostEqual(cb["pp_bwd_MB_per_step"], BYTES["cb"][2] / 1e6)
+        self.assertEqual(rows["cb_fe-seed1"]["notes"], ["partial: step 6 of 10",
+                                                        "evaluated at step 5, the reference at 10: not comparable"])
+        r = script("scheme_table.py", os.path.join(exp, "baseline-seed1.h5"), os.path.join(exp, "cb_fe-seed1.h5"))
+        self.assertIn("| cb_fe-seed1 (compression not recorded) | cb_fe-seed1 | 6/10 |", r.stdout)
+        self.assertIn("- NOT COMPARABLE with the reference (another step count, or partial): cb_fe-seed1", r.stdout)
 
     def test_compact_keeps_every_value(self):
         import shutil
