@@ -109,6 +109,16 @@ for r in "${runs[@]}"; do [ -f "$out/$r.done" ] || fail "$out/$r.done missing af
 png=$(find "$OPTCC_FIGURES/$name" -name '*.png' 2>/dev/null | head -n 1)
 [ -n "$png" ] || fail "no figure (PNG) under $OPTCC_FIGURES/$name after the results job"
 echo "ok: figure $png"
+# The finished jobs' history (no sacct here): every array task and the results job, COMPLETED.
+bash slurm/testing/history.sh >"$tmp/history.txt" || fail "slurm/testing/history.sh"
+jobs=$(sed -n 's/^submitted array job \([0-9]*\) .* results job \([0-9]*\) .*/\1 \2/p' "$tmp/submit.out")
+for j in $jobs; do
+  done_lines=$(bash slurm/testing/history.sh "$j" | awk 'NR > 1 && $3 == "COMPLETED"' | wc -l)
+  [ "$done_lines" -ge 1 ] || { cat "$tmp/history.txt" >&2; fail "job $j is not COMPLETED in slurm/testing/history.sh"; }
+done
+[ "$(awk 'NR > 1 && $1 ~ /_[0-9]+$/' "$tmp/history.txt" | wc -l)" -eq "${#runs[@]}" ] ||
+  { cat "$tmp/history.txt" >&2; fail "history.sh does not list the ${#runs[@]} array tasks as JOB_TASK"; }
+echo "ok: slurm/testing/history.sh lists the finished jobs"
 
 echo "== resubmit: finished runs are skipped ($((SECONDS - t0)) s)"
 ls "$out" >"$tmp/files.before"

@@ -69,8 +69,13 @@ SchedulerType=sched/backfill
 MpiDefault=none
 SwitchType=switch/none
 JobAcctGatherType=jobacct_gather/none
+# No accounting database (sacct answers "accounting storage is disabled"): finished jobs are kept in
+# the controller for an hour (scontrol show job, squeue --states=all) and each job's end is appended
+# to a text file, which slurm/testing/history.sh prints as a table.
 AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
+JobCompType=jobcomp/filetxt
+JobCompLoc=$SLURM_DIR/log/jobcomp.txt
+MinJobAge=3600
 ReturnToService=2
 # Take the node's CPUs from this file, not from the hardware: more CPUs than cores (oversubscribed).
 SlurmdParameters=config_overrides
