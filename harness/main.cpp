@@ -494,6 +494,11 @@ int dispatch(const Cli& c, Config& cfg, int argc, char** argv) {
   }
   if (c.train->parsed() && std::getenv("OPTCC_RANK") == nullptr) {  // once, before any rank starts
     check_run_inputs(cfg, train_options(c, cfg, argc, argv), prepare_command(c));
+    // The whole config as each rank checks it (trainer.cpp), this build's limits included (fp16 GEMMs,
+    // fused attention, devices): a refusal is printed once, here, instead of once per rank.
+    Config as_ranks_see_it = cfg;
+    resolve_vocab(as_ranks_see_it);
+    as_ranks_see_it.validate(cfg.parallel.tp * cfg.parallel.pp * cfg.parallel.dp);
   }
   if (is_launcher) {
     const LaunchNodes nodes = launch_nodes(c);

@@ -83,3 +83,29 @@ TEST(LocalLaunch, KilledTrainingRankEndsTheRun) {
 }
 
 }  // namespace
+
+// A config every rank would refuse (here a probability above 1, a rule checked where the whole config is
+// validated) is refused by the launcher before any rank starts: the error once, exit 2, no rank line.
+TEST(LocalLaunch, ConfigRefusalIsPrintedOnceBeforeAnyRankStarts) {
+  optcc::testing::TempDir dir;
+  optcc::testing::write_synthetic_corpus(dir / "corpus", 64, 200);
+  const std::string log = dir / "log.txt";
+  std::vector<std::string> args = {
+      std::string(OPTCC_BINARY_DIR) + "/optcc", "train", "--nproc", "4", "--config",
+      std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml",
+      "--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data"),
+      "--set", "model.vocab_size=64", "--set", "parallel.pp=2", "--set", "parallel.dp=2",
+      "--set", "model.attention_dropout=1.5", "--set", "log.dir=" + (dir / "results")};
+  const pid_t launcher = optcc::testing::spawn_logged(args, log);
+  ASSERT_GT(launcher, 0) << "could not start optcc";
+  EXPECT_EQ(optcc::testing::run_to_end(launcher, std::chrono::seconds(60)), 2) << slurp(log);
+  const std::string out = slurp(log);
+  size_t count = 0;
+  for (size_t at = out.find("model.attention_dropout"); at != std::string::npos;
+       at = out.find("model.attention_dropout", at + 1)) {
+    ++count;
+  }
+  EXPECT_EQ(count, 1u) << out;
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("launched"))) << "no rank may start";
+  EXPECT_THAT(out, ::testing::Not(::testing::HasSubstr("was killed by signal")));
+}
