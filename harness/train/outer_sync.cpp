@@ -13,6 +13,15 @@ int64_t outer_sync_point(int64_t fragment, int64_t inner_steps, int64_t fragment
   return (fragment + 1) * inner_steps / fragments;
 }
 
+int64_t outer_last_landed_sync(int64_t fragment, int64_t step, int64_t inner_steps, int64_t fragments,
+                               int64_t sync_delay) {
+  const int64_t latest = step - sync_delay;  // a sync started after this step has landed by `step`
+  if (latest < 1) return 0;
+  const int64_t point = outer_sync_point(fragment, inner_steps, fragments) % inner_steps;  // 0: period end
+  const int64_t s = latest - ((latest - point) % inner_steps + inner_steps) % inner_steps;
+  return s >= 1 ? s : 0;
+}
+
 int64_t outer_fragment_of_layer(int64_t layer, int64_t num_layers, int64_t fragments) {
   return layer * fragments / num_layers;
 }

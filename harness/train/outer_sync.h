@@ -60,6 +60,12 @@ namespace optcc {
 /// The step of a period (1..H) after which fragment f's sync starts: floor((f+1) H / F). Distinct for
 /// the F fragments when F <= H; fragment F-1 syncs at the end of the period (t mod H = 0).
 int64_t outer_sync_point(int64_t fragment, int64_t inner_steps, int64_t fragments);
+/// The step whose sync of fragment f had landed by the end of step `step` (the sync started after
+/// step s, s mod H = outer_sync_point(f) mod H, applied after s + τ <= step): the latest such s, or 0
+/// when none has landed (the fragment's global value is still the initial weights). Evaluation
+/// measures these global values: the steps after s are each replica's own and are not in them.
+int64_t outer_last_landed_sync(int64_t fragment, int64_t step, int64_t inner_steps, int64_t fragments,
+                               int64_t sync_delay);
 /// The fragment of global layer `layer` of `num_layers`: floor(layer F / L).
 int64_t outer_fragment_of_layer(int64_t layer, int64_t num_layers, int64_t fragments);
 

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
@@ -878,7 +879,37 @@ void Trainer::evaluate(int64_t step) {
   summary_.eval_losses.push_back(loss);
   if (sink_) sink_->append("eval", {step, loss, ppl.value, int64_t{ppl.capped}});
   flush_results();
-  if (!quiet_) spdlog::info("eval  step {:>6} | {}", step, eval_text(loss, ppl));
+  if (quiet_) return;
+  if (!outer_) {
+    spdlog::info("eval  step {:>6} | {}", step, eval_text(loss, ppl));
+    return;
+  }
+  // DiLoCo evaluates the global model (outer_sync.h): say which syncs it holds, and at the run's end
+  // when the steps since the last one are not in it.
+  const DilocoConfig& o = cfg_.compression.diloco;
+  std::vector<int64_t> landed;
+  for (int64_t f = 0; f < o.fragments; ++f) {
+    landed.push_back(outer_last_landed_sync(f, step, o.inner_steps, o.fragments, o.sync_delay));
+  }
+  const int64_t oldest = *std::min_element(landed.begin(), landed.end());
+  spdlog::info("eval  step {:>6} | {} | the global model: {}", step, eval_text(loss, ppl),
+               o.fragments == 1 ? (landed[0] > 0 ? fmt::format("outer sync of step {}", landed[0])
+                                                 : std::string("the initial weights (no outer sync yet)"))
+                                : fmt::format("fragments' outer syncs of steps {}{}", fmt::join(landed, ", "),
+                                              oldest == 0 ? " (0: not synced yet, the initial weights)" : ""));
+  if (step == cfg_.train.train_steps && step > 0 && oldest < step) {
+    const int64_t next = o.inner_steps * std::max<int64_t>(1, (step - o.sync_delay + o.inner_steps - 1) / o.inner_steps) +
+                         o.sync_delay;  // the first step >= this one after which a whole-model sync has landed
+    spdlog::warn(
+        "the final evaluation (step {}) measures DiLoCo's global model, whose {} synced after step {}: the last {} "
+        "steps of each replica are not in it. {}",
+        step, o.fragments == 1 ? "weights were last" : "oldest fragment was last", oldest, step - oldest,
+        o.fragments == 1
+            ? fmt::format("To evaluate a model that holds every step, end the run where a sync lands: train.train_steps "
+                          "= k * diloco.inner_steps + diloco.sync_delay (here {})",
+                          next)
+            : std::string("Streaming DiLoCo syncs its fragments at staggered steps, so some fragment is always behind"));
+  }
 }
 
 // This rank's checkpoint of the step just completed; every rank waits in the world barrier.

@@ -43,6 +43,24 @@ TEST(OuterSchedule, SyncPointsAndFragmentsInClosedForm) {
   for (int l = 0; l < 5; ++l) EXPECT_EQ(outer_fragment_of_layer(l, 5, 2), five[l]);
 }
 
+// What a final evaluation measures (outer_sync.h: the global values last landed).
+TEST(OuterSchedule, LastLandedSyncInClosedForm) {
+  // DiLoCo, H = 12: a 20-step run evaluates the step-12 sync; 24 steps hold every step; none before 12.
+  EXPECT_EQ(outer_last_landed_sync(0, 20, 12, 1, 0), 12);
+  EXPECT_EQ(outer_last_landed_sync(0, 24, 12, 1, 0), 24);
+  EXPECT_EQ(outer_last_landed_sync(0, 11, 12, 1, 0), 0);
+  // τ = 1: the step-24 sync lands after step 25.
+  EXPECT_EQ(outer_last_landed_sync(0, 24, 12, 1, 1), 12);
+  EXPECT_EQ(outer_last_landed_sync(0, 25, 12, 1, 1), 24);
+  // F = 2, H = 12: fragment 0 syncs after steps 6, 18, ...; fragment 1 after 12, 24, ...
+  EXPECT_EQ(outer_last_landed_sync(0, 20, 12, 2, 0), 18);
+  EXPECT_EQ(outer_last_landed_sync(1, 20, 12, 2, 0), 12);
+  EXPECT_EQ(outer_last_landed_sync(0, 5, 12, 2, 0), 0);
+  // One step per fragment (F = H = 3) with τ = 2: at step 10, fragment 0 (after 1, 4, 7, 10) landed at 7.
+  EXPECT_EQ(outer_last_landed_sync(0, 10, 3, 3, 2), 7);
+  EXPECT_EQ(outer_last_landed_sync(2, 10, 3, 3, 2), 6);
+}
+
 Config tiny_config() {
   Config c;
   c.model.num_layers = 2;
