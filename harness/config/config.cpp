@@ -246,7 +246,8 @@ void validate_train(const Config& c, bool this_build) {
 // the option: the message says which and what it takes), else the name itself is wrong.
 std::string compressor_fix(const std::string& name, const std::vector<std::string>& known) {
   if (std::find(known.begin(), known.end(), name) != known.end()) {
-    return fmt::format("keep {} and correct the option the message names (docs/compression.md lists its options)", name);
+    return fmt::format("keep {} and correct the option the message names (its options are documented in the header that "
+                       "declares it; docs/compression.md, \"The compression: section\", names that header)", name);
   }
   return fmt::format("pick one of {} with its documented options", fmt::join(known, ", "));
 }
