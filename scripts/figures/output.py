@@ -114,12 +114,24 @@ class Output:
         for ext, meta in (("png", PNG_META), ("pdf", PDF_META)):
             buf = io.BytesIO()
             fig.savefig(buf, format=ext, metadata=meta, bbox_inches="tight")
-            self.write(f"{rel_stem}.{ext}", buf.getvalue())
+            self.write(f"{rel_stem}.{ext}", small_png(buf.getvalue()) if ext == "png" else buf.getvalue())
         plt.close(fig)
 
     def table(self, rel_stem, table):
         self.write(f"{rel_stem}.md", table.markdown())
         self.write(f"{rel_stem}.tex", table.latex())
+
+
+def small_png(data):
+    """The PNG as 256 palette colours (PIL's octree quantizer, deterministic) and zlib's best effort:
+    about 4x smaller than matplotlib's RGBA for these line plots, no visible difference; the committed
+    figures travel with the repository (docs/builds.md, "Size budgets"). PIL comes with matplotlib."""
+    from PIL import Image
+    octree = getattr(Image, "Quantize", Image).FASTOCTREE  # Pillow >= 9.1 names it Image.Quantize.FASTOCTREE
+    im = Image.open(io.BytesIO(data)).convert("RGB").quantize(colors=256, method=octree)
+    out = io.BytesIO()
+    im.save(out, format="png", optimize=True)
+    return out.getvalue()
 
 
 class Table:
