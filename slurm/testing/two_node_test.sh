@@ -125,7 +125,7 @@ echo "ok: array $jobs: both runs complete across the two nodes, in the index"
 step "4. all ranks of node 2 killed mid-run; requeued, the run resumes"
 job=$(sbatch --parsable --chdir="$PWD" -N 2 --ntasks-per-node=4 --output="$tmp/fault-%j.out" --open-mode=append \
   slurm/train.sbatch experiments/smoke.yaml "${run[@]}" --set train.train_steps=100000 --set train.decay_steps=1000 \
-  --set checkpoint.interval=2)
+  --set checkpoint.interval=2 --set parallel.timeout_seconds=10)  # host 1's ranks give up 10 s after the kill
 ckpt=$tmp/train/ckpt/smoke-$job
 latest_step() { sed -n 's/^iter_0*\([0-9][0-9]*\)$/\1/p' "$ckpt/latest" 2>/dev/null; }
 deadline=$((SECONDS + timeout_s))

@@ -131,16 +131,16 @@ echo "ok: $(grep -m1 -o 'the layout.s nodes.*' "$tmp/bad-0.log" | cut -c1-160)..
 step "5. an unreachable rendezvous host"
 t=$SECONDS
 code=0
-bash "$hosts" exec 2 "$OPTCC" train "${run[@]}" --set parallel.dp=2 --set parallel.timeout_seconds=8 \
+bash "$hosts" exec 2 "$OPTCC" train "${run[@]}" --set parallel.dp=2 --set parallel.timeout_seconds=5 \
   --set log.dir="$tmp/unreach" --nproc 1 --nnodes 2 --node-rank 1 --master 198.18.0.9:29503 >"$tmp/unreach.log" 2>&1 || code=$?
 [ "$code" -ne 0 ] || fail "a run whose rendezvous host does not exist succeeded"
-[ $((SECONDS - t)) -le 20 ] || fail "the unreachable rendezvous took $((SECONDS - t)) s (timeout 8 s)"
+[ $((SECONDS - t)) -le 17 ] || fail "the unreachable rendezvous took $((SECONDS - t)) s (timeout 5 s)"
 grep -q "rendezvous at 198.18.0.9:29503" "$tmp/unreach.log" || { cat "$tmp/unreach.log" >&2; fail "the error does not name the rendezvous host"; }
 echo "ok: ended in $((SECONDS - t)) s: $(grep -m1 -o 'rendezvous at 198.18.0.9.*' "$tmp/unreach.log" | cut -c1-160)..."
 
 step "6. host 2's link cut mid-run"
 cut=("${run[@]}" "${layout[@]}" --set train.train_steps=100000 --set checkpoint.interval=2 --set train.decay_steps=1000
-     --set parallel.timeout_seconds=10 --set log.dir="$tmp/cut" --set log.run_name=r)
+     --set parallel.timeout_seconds=6 --set log.dir="$tmp/cut" --set log.run_name=r)
 for k in 0 1; do
   bash "$hosts" exec $((k + 1)) "$OPTCC" train "${cut[@]}" --nproc 4 --nnodes 2 --node-rank $k --master $h1:29504 \
     >"$tmp/cut-$k.log" 2>&1 &
@@ -160,9 +160,9 @@ wait "$pid0" || code0=$?
 wait "$pid1" || code1=$?
 took=$((SECONDS - t))
 [ "$code0" -ne 0 ] && [ "$code1" -ne 0 ] || fail "after the cut the launchers exited $code0 and $code1"
-[ "$took" -le 40 ] || fail "the ranks took $took s to end after the cut (timeout 10 s)"
+[ "$took" -le 36 ] || fail "the ranks took $took s to end after the cut (timeout 6 s)"
 for k in 0 1; do  # each host's ranks name the group, the operation and the ranks on the other host
-  grep -q "(group .*failed after at most 10000 ms" "$tmp/cut-$k.log" || fail "host $((k + 1))'s error names no group"
+  grep -q "(group .*failed after at most 6000 ms" "$tmp/cut-$k.log" || fail "host $((k + 1))'s error names no group"
   grep -q "across hosts: ranks\? [0-9,]* on $OPTCC_HOSTS_PREFIX-h$((2 - k)) (198.18.0.$((2 - k)))" "$tmp/cut-$k.log" ||
     { cat "$tmp/cut-$k.log" >&2; fail "host $((k + 1))'s error does not name the ranks on the other host"; }
 done

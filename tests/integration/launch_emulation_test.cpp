@@ -16,6 +16,7 @@
 #include <regex>
 #include <sstream>
 
+#include "tests/support/paths.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic_corpus.h"
 
@@ -33,10 +34,10 @@ std::pair<int, pid_t> run(std::vector<std::string> args, const std::string& log)
 TEST(LocalLaunch, EmulatedRunSharesTheNicSegmentAndTracesItsTimeline) {
   optcc::testing::TempDir dir;
   optcc::testing::write_synthetic_corpus(dir / "corpus", 64, 200);
-  const std::string optcc = std::string(OPTCC_BINARY_DIR) + "/optcc";
+  const std::string optcc = std::string(optcc::testing::binary_dir()) + "/optcc";
   const std::string log = dir / "log.txt";
   const auto [code, launcher] = run(
-      {optcc, "train", "--nproc", "4", "--config", std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml",
+      {optcc, "train", "--nproc", "4", "--config", std::string(optcc::testing::source_dir()) + "/experiments/smoke.yaml",
        "--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data"), "--set", "data.split=100,0,0", "--set", "train.eval_interval=0",
        "--set", "model.vocab_size=64", "--set", "parallel.pp=2", "--set", "parallel.dp=2", "--set",
        "parallel.ranks_per_node=2", "--set", "train.train_steps=3", "--set", "train.threads=1", "--set",
@@ -67,10 +68,10 @@ TEST(LocalLaunch, EmulatedRunSharesTheNicSegmentAndTracesItsTimeline) {
 TEST(LocalLaunch, MatchRegimeDerivesTheScaleAtStartAndRecordsIt) {
   optcc::testing::TempDir dir;
   optcc::testing::write_synthetic_corpus(dir / "corpus", 64, 200);
-  const std::string optcc = std::string(OPTCC_BINARY_DIR) + "/optcc";
-  const std::string paper = std::string(OPTCC_SOURCE_DIR) + "/experiments/paper/gpt-2.5b.yaml";
+  const std::string optcc = std::string(optcc::testing::binary_dir()) + "/optcc";
+  const std::string paper = std::string(optcc::testing::source_dir()) + "/experiments/paper/gpt-2.5b.yaml";
   std::vector<std::string> args = {
-      optcc, "train", "--nproc", "4", "--config", std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml",
+      optcc, "train", "--nproc", "4", "--config", std::string(optcc::testing::source_dir()) + "/experiments/smoke.yaml",
       "--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data"), "--set", "data.split=100,0,0",
       "--set", "train.eval_interval=0", "--set", "model.vocab_size=64", "--set", "parallel.pp=2", "--set",
       "parallel.dp=2", "--set", "parallel.ranks_per_node=2", "--set", "train.train_steps=2", "--set",

@@ -15,6 +15,7 @@
 #include <iterator>
 #include <regex>
 
+#include "tests/support/paths.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic_corpus.h"
 
@@ -26,7 +27,7 @@ using optcc::testing::slurp;
 
 // Runs the binary with `args`, stdout and stderr to `log`; returns the exit status.
 int run_optcc(std::vector<std::string> args, const std::string& log) {
-  args.insert(args.begin(), std::string(OPTCC_BINARY_DIR) + "/optcc");
+  args.insert(args.begin(), std::string(optcc::testing::binary_dir()) + "/optcc");
   const pid_t pid = optcc::testing::spawn_logged(std::move(args), log);
   EXPECT_GT(pid, 0) << "could not start optcc";
   return pid < 0 ? -1 : optcc::testing::wait_exit_code(pid);
@@ -45,7 +46,7 @@ TEST(LocalLaunch, EvalOfATp2Pp2CheckpointOnOneProcessAndReshardedOnTwo) {
   optcc::testing::write_synthetic_corpus(dir / "corpus", 64, 200);
   const std::vector<std::string> data = {"--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data")};
   std::vector<std::string> train = {
-      "train", "--nproc", "4", "--config", std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml",
+      "train", "--nproc", "4", "--config", std::string(optcc::testing::source_dir()) + "/experiments/smoke.yaml",
       "--set", "data.split=90,10,0", "--set", "model.vocab_size=64", "--set", "parallel.tp=2", "--set", "parallel.pp=2",
       "--set", "parallel.dp=1", "--set", "train.train_steps=3", "--set", "train.threads=1",
       "--set", "log.dir=" + (dir / "results"), "--set", "log.run_name=run", "--set", "checkpoint.save_final=true"};

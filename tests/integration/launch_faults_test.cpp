@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/paths.h"
 #include "tests/support/process.h"
 #include "tests/support/results_file.h"
 #include "tests/support/synthetic_corpus.h"
@@ -42,8 +43,8 @@ constexpr int kStopped = 75;  // harness/parallel/stop_signal.h kStoppedExitCode
 
 // A smoke run on a synthetic corpus under `dir`, long enough to be stopped; `extra` --set pairs.
 std::vector<std::string> smoke_command(const optcc::testing::TempDir& dir, const std::vector<std::string>& extra) {
-  std::vector<std::string> c = {std::string(OPTCC_BINARY_DIR) + "/optcc", "train", "--config",
-                                std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml"};
+  std::vector<std::string> c = {std::string(optcc::testing::binary_dir()) + "/optcc", "train", "--config",
+                                std::string(optcc::testing::source_dir()) + "/experiments/smoke.yaml"};
   for (const std::string& kv : {"data.prefix=" + (dir / "corpus"), "data.dir=" + (dir / "data"),
                                 std::string("data.split=100,0,0"), std::string("train.eval_interval=0"),
                                 std::string("model.vocab_size=64"), std::string("train.train_steps=100000"),

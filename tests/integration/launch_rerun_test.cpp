@@ -22,6 +22,7 @@
 #include <regex>
 #include <thread>
 
+#include "tests/support/paths.h"
 #include "tests/support/process.h"
 #include "tests/support/results_file.h"
 #include "tests/support/synthetic_corpus.h"
@@ -54,8 +55,8 @@ TEST(Rerun, KilledRunIsRefusedOrResumedAndKeepsItsResults) {
   optcc::testing::TempDir dir;
   optcc::testing::write_synthetic_corpus(dir / "corpus", 64, 200);
   const std::vector<std::string> command = {
-      std::string(OPTCC_BINARY_DIR) + "/optcc", "train", "--config",
-      std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml",
+      std::string(optcc::testing::binary_dir()) + "/optcc", "train", "--config",
+      std::string(optcc::testing::source_dir()) + "/experiments/smoke.yaml",
       "--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data"),
       "--set", "data.split=100,0,0", "--set", "train.eval_interval=0", "--set", "model.vocab_size=64", "--set", "train.train_steps=100000",
       "--set", "train.threads=1", "--set", "log.dir=" + (dir / "results"), "--set", "checkpoint.interval=5"};
@@ -135,9 +136,9 @@ TEST(Rerun, KilledRunIsRefusedOrResumedAndKeepsItsResults) {
 TEST(Rerun, AMissingDatasetIsNamedOnceBeforeAnyRankWithTheUsersOverrides) {
   optcc::testing::TempDir dir;
   const std::string prefix = dir / "elsewhere/corpus";
-  const std::string config = std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml";
+  const std::string config = std::string(optcc::testing::source_dir()) + "/experiments/smoke.yaml";
   const std::vector<std::string> command = {
-      std::string(OPTCC_BINARY_DIR) + "/optcc", "train", "--config", config, "--set", "data.prefix=" + prefix,
+      std::string(optcc::testing::binary_dir()) + "/optcc", "train", "--config", config, "--set", "data.prefix=" + prefix,
       "--set", "parallel.dp=2", "--set", "log.dir=" + (dir / "results"), "--nproc", "2"};
   const std::string log = dir / "log.txt";
   EXPECT_EQ(run_to_end(spawn(command, child_env({}), log)), 2) << slurp(log);

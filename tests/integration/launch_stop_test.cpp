@@ -21,6 +21,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/paths.h"
 #include "tests/support/process.h"
 #include "tests/support/results_file.h"
 #include "tests/support/synthetic_corpus.h"
@@ -54,8 +55,8 @@ std::vector<Layout> setups() {
 }
 
 std::vector<std::string> command(const optcc::testing::TempDir& dir, const Layout& s, const std::string& run) {
-  std::vector<std::string> c = {std::string(OPTCC_BINARY_DIR) + "/optcc", "train", "--config",
-                                std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml"};
+  std::vector<std::string> c = {std::string(optcc::testing::binary_dir()) + "/optcc", "train", "--config",
+                                std::string(optcc::testing::source_dir()) + "/experiments/smoke.yaml"};
   std::vector<std::string> sets = {"data.prefix=" + (dir / "corpus"), "data.dir=" + (dir / "data"),
                                    "data.split=80,20,0", "train.eval_interval=0", "train.eval_iters=2",
                                    "model.vocab_size=64", "train.train_steps=" + std::to_string(kSteps),
@@ -191,8 +192,8 @@ TEST(StopSignalThreads, ACommandThatDoesNotTrainStillEndsOnSigterm) {
   const auto env = child_env({"OPTCC_RANK=1", "OPTCC_WORLD_SIZE=2", "OPTCC_LOCAL_RANK=1", "OPTCC_LOCAL_WORLD_SIZE=2",
                               "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1"});
   const pid_t pid = optcc::testing::spawn_logged(
-      {std::string(OPTCC_BINARY_DIR) + "/optcc", "comm-check", "--config",
-       std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml", "--set", "parallel.dp=2"},
+      {std::string(optcc::testing::binary_dir()) + "/optcc", "comm-check", "--config",
+       std::string(optcc::testing::source_dir()) + "/experiments/smoke.yaml", "--set", "parallel.dp=2"},
       log, "", &env);
   ASSERT_GT(pid, 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
@@ -281,7 +282,7 @@ TEST(KilledRunFiles, OpenInAPlainReaderAfterAResumeOrTheIndex) {
         << slurp(check);
   }
   const std::string index_log = dir / "index.txt";
-  ASSERT_EQ(python({std::string(OPTCC_SOURCE_DIR) + "/scripts/results_index.py", "--results", dir / "results"}, index_log),
+  ASSERT_EQ(python({std::string(optcc::testing::source_dir()) + "/scripts/results_index.py", "--results", dir / "results"}, index_log),
             0)
       << slurp(index_log);
   const std::string after_log = dir / "after.txt";

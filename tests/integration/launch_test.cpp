@@ -10,6 +10,8 @@
 #include <regex>
 #include <string>
 
+#include "tests/support/paths.h"
+
 namespace {
 
 struct Result {
@@ -19,7 +21,7 @@ struct Result {
 };
 
 Result run(const std::string& args) {
-  const std::string cmd = std::string(OPTCC_BINARY_DIR) + "/optcc " + args + " 2>&1";
+  const std::string cmd = std::string(optcc::testing::binary_dir()) + "/optcc " + args + " 2>&1";
   const auto t0 = std::chrono::steady_clock::now();
   FILE* pipe = popen(cmd.c_str(), "r");
   std::string out;
@@ -30,7 +32,7 @@ Result run(const std::string& args) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()};
 }
 
-const std::string kConfig = std::string(" --config ") + OPTCC_SOURCE_DIR + "/experiments/comm-check-2x2x2.yaml";
+const std::string kConfig = std::string(" --config ") + optcc::testing::source_dir() + "/experiments/comm-check-2x2x2.yaml";
 
 TEST(LocalLaunch, EightRanksBuildEveryGroup) {
   auto r = run("comm-check --nproc 8" + kConfig);
@@ -78,7 +80,7 @@ TEST(LocalLaunch, LayoutMustMatchRanks) {
 // `config show` on a config whose corpus is not prepared yet: a note, not an error, and the rest
 // is still validated (exit 0, "config OK").
 TEST(ConfigShow, UnpreparedCorpusIsANoteNotAnError) {
-  auto r = run(std::string("config show --config ") + OPTCC_SOURCE_DIR +
+  auto r = run(std::string("config show --config ") + optcc::testing::source_dir() +
                "/experiments/demo.yaml --set data.prefix=/nonexistent/optcc-corpus");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ::testing::HasSubstr("note (not an error for `config show`"));
@@ -90,7 +92,7 @@ TEST(ConfigShow, UnpreparedCorpusIsANoteNotAnError) {
 
 // A real config error still fails `config show`, naming the key.
 TEST(ConfigShow, InvalidValueFails) {
-  auto r = run(std::string("config show --config ") + OPTCC_SOURCE_DIR +
+  auto r = run(std::string("config show --config ") + optcc::testing::source_dir() +
                "/experiments/demo.yaml --set data.prefix=/nonexistent/optcc-corpus --set parallel.tp=0");
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_THAT(r.output, ::testing::HasSubstr("parallel.tp"));
@@ -99,7 +101,7 @@ TEST(ConfigShow, InvalidValueFails) {
 // `config label` labels only what a run would accept: a bad value fails there too, naming the key,
 // and a good config prints its label.
 TEST(ConfigLabel, ValidatesBeforeLabelling) {
-  const std::string config = std::string(" --config ") + OPTCC_SOURCE_DIR + "/experiments/demo.yaml";
+  const std::string config = std::string(" --config ") + optcc::testing::source_dir() + "/experiments/demo.yaml";
   auto bad = run("config label" + config + " --set compression.dp_strategy=diloco --set diloco.mix=1.5");
   EXPECT_NE(bad.exit_code, 0) << bad.output;
   EXPECT_THAT(bad.output, ::testing::HasSubstr("diloco.mix = 1.5"));

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "tests/support/paths.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic_corpus.h"
 
@@ -50,8 +51,8 @@ TEST(LocalLaunch, KilledTrainingRankEndsTheRun) {
   optcc::testing::write_synthetic_corpus(dir / "corpus", 64, 200);
   const std::string log = dir / "log.txt";
   std::vector<std::string> args = {
-      std::string(OPTCC_BINARY_DIR) + "/optcc", "train", "--nproc", "4", "--config",
-      std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml",
+      std::string(optcc::testing::binary_dir()) + "/optcc", "train", "--nproc", "4", "--config",
+      std::string(optcc::testing::source_dir()) + "/experiments/smoke.yaml",
       "--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data"),
       "--set", "data.split=100,0,0", "--set", "train.eval_interval=0", "--set", "model.vocab_size=64", "--set", "parallel.pp=2",
       "--set", "parallel.dp=2", "--set", "train.train_steps=100000", "--set", "train.threads=1",
@@ -91,8 +92,8 @@ TEST(LocalLaunch, ConfigRefusalIsPrintedOnceBeforeAnyRankStarts) {
   optcc::testing::write_synthetic_corpus(dir / "corpus", 64, 200);
   const std::string log = dir / "log.txt";
   std::vector<std::string> args = {
-      std::string(OPTCC_BINARY_DIR) + "/optcc", "train", "--nproc", "4", "--config",
-      std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml",
+      std::string(optcc::testing::binary_dir()) + "/optcc", "train", "--nproc", "4", "--config",
+      std::string(optcc::testing::source_dir()) + "/experiments/smoke.yaml",
       "--set", "data.prefix=" + (dir / "corpus"), "--set", "data.dir=" + (dir / "data"),
       "--set", "model.vocab_size=64", "--set", "parallel.pp=2", "--set", "parallel.dp=2",
       "--set", "model.attention_dropout=1.5", "--set", "log.dir=" + (dir / "results")};

@@ -16,6 +16,7 @@
 #include <regex>
 #include <sstream>
 
+#include "tests/support/paths.h"
 #include "tests/support/process.h"
 #include "tests/support/synthetic_corpus.h"
 
@@ -31,9 +32,9 @@ int run(std::vector<std::string> args, const std::string& out, const std::string
 TEST(SimulatorValidation, PredictsAMeasuredEmulatedStepWithin25Percent) {
   optcc::testing::TempDir dir;
   optcc::testing::write_synthetic_corpus(dir / "corpus", 64, 200);
-  const std::string optcc = std::string(OPTCC_BINARY_DIR) + "/optcc";
+  const std::string optcc = std::string(optcc::testing::binary_dir()) + "/optcc";
   const std::vector<std::string> config = {
-      "--config", std::string(OPTCC_SOURCE_DIR) + "/experiments/smoke.yaml", "--set", "data.prefix=" + (dir / "corpus"),
+      "--config", std::string(optcc::testing::source_dir()) + "/experiments/smoke.yaml", "--set", "data.prefix=" + (dir / "corpus"),
       "--set", "data.dir=" + (dir / "data"), "--set", "data.split=100,0,0", "--set", "train.eval_interval=0", "--set", "model.vocab_size=64",
       "--set", "parallel.pp=2", "--set", "parallel.dp=2", "--set", "parallel.ranks_per_node=2",
       "--set", "train.global_batch_size=16", "--set", "train.threads=1", "--set", "network.emulate=true",

@@ -8,6 +8,7 @@
 
 #include "harness/config/config.h"
 #include "harness/experiments/sweep.h"
+#include "tests/support/paths.h"
 
 namespace optcc {
 namespace {
@@ -90,7 +91,7 @@ TEST(CompressionLabel, ANamedSchemeChangedByOtherKeysSaysWhatDiffers) {
 }
 
 TEST(CompressionLabel, TheCompressorComparisonsRunsAsSweepJsonGivesThem) {
-  const std::filesystem::path root = OPTCC_SOURCE_DIR;
+  const std::filesystem::path root = optcc::testing::source_dir();
   SweepPlan p = expand_experiment(load_experiment((root / "experiments/compressors/dp.yaml").string(), root.string()),
                                   "cpu");
   label_runs(p, root.string());

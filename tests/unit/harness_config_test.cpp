@@ -14,6 +14,7 @@
 #include "compat/torch_compat.h"
 #include "harness/config/config.h"
 #include "harness/train/trainer.h"
+#include "tests/support/paths.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
@@ -647,7 +648,7 @@ TEST(Config, SchemesSetThePaperRowsAndExplicitKeysOverrideThem) {
 // equal today's default (a key whose default changed later keeps its old value there, named here).
 TEST(ConfigKeysAdded, EachValueIsTheDefaultItWasAddedWith) {
   const std::set<std::string> changed_since = {};  // "section.key" whose default changed after it was added
-  const YAML::Node added = YAML::LoadFile(std::string(OPTCC_SOURCE_DIR) + "/scripts/config_keys_added.yaml");
+  const YAML::Node added = YAML::LoadFile(std::string(optcc::testing::source_dir()) + "/scripts/config_keys_added.yaml");
   const YAML::Node defaults = YAML::Load(to_yaml(Config{}));
   int checked = 0;
   for (const auto& section : added) {

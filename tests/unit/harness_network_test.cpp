@@ -13,9 +13,10 @@
 
 #include "harness/config/config.h"
 #include "harness/records/results_reader.h"
-#include "harness/train/trainer.h"
 #include "harness/train/network_setup.h"
+#include "harness/train/trainer.h"
 #include "tests/support/gloo_ranks.h"
+#include "tests/support/paths.h"
 #include "tests/support/small_training.h"
 #include "tests/support/synthetic_corpus.h"
 
@@ -96,7 +97,7 @@ TEST(NetworkConfig, RulesNameKeyValueRuleAndFix) {
 }
 
 TEST(NetworkConfig, MatchRegimeNeedsEmulationAProfileAndNoScaleOfItsOwn) {
-  const std::string paper = std::string(OPTCC_SOURCE_DIR) + "/experiments/paper/gpt-2.5b.yaml";
+  const std::string paper = std::string(optcc::testing::source_dir()) + "/experiments/paper/gpt-2.5b.yaml";
   const std::string on = "network:\n  emulate: true\n  profile: paper-a100-ib200\n  match_regime: " + paper + "\n";
   EXPECT_EQ(error_of([&] { load(on).validate(); }), "");
   EXPECT_THAT(error_of([&] { load(on, {"network.emulate=false"}).validate(); }),

@@ -12,6 +12,7 @@
 
 #include "compat/torch_compat.h"
 #include "harness/experiments/sweep.h"
+#include "tests/support/paths.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
@@ -469,7 +470,7 @@ TEST_F(SweepTest, CheckRefusesAGpuScaleWithABuildWithoutCuda) {
 // The requirement: every experiment file of the repository expands and validates at both
 // scales (a file that stops loading, a run whose config no longer validates, fails here).
 TEST(ExperimentFiles, EveryFileExpandsAndValidatesAtBothScales) {
-  const fs::path root = OPTCC_SOURCE_DIR;
+  const fs::path root = optcc::testing::source_dir();
   std::vector<std::string> files;
   for (const auto& entry : fs::recursive_directory_iterator(root / "experiments")) {
     const std::string rel = fs::relative(entry.path(), root).string();

@@ -12,6 +12,7 @@
 #include "harness/perfmodel/regime.h"
 #include "harness/perfmodel/simulator.h"
 #include "models/flops.h"
+#include "tests/support/paths.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
@@ -187,7 +188,7 @@ TEST(HardwareProfile, RefusesUnknownKeysAndMissingNumbers) {
 // scaled, are the profile's. A machine twice as fast at everything needs links twice as fast:
 // half the scale (to the latencies' share, which the match keeps fixed: well under 1% here).
 TEST(Regime, MatchesThePaperRunsInterNodeShare) {
-  const std::string src = OPTCC_SOURCE_DIR;
+  const std::string src = optcc::testing::source_dir();
   const std::string paper = src + "/experiments/paper/gpt-2.5b.yaml", paper_profile = src + "/experiments/profiles/paper-a100-ib200.yaml";
   Config cpu = small(2, 2, 2, 8, 128);
   cpu.parallel.ranks_per_node = 2;
@@ -240,7 +241,7 @@ network: {intra_node_gbps: 1, inter_node_gbps: 1, devices_per_node: 2}
 TEST(HardwareProfile, PaperProfileTakesTheEmulatorsLinks) {
   // One source of truth: experiments/profiles/paper-a100-ib200.yaml names the built-in network
   // profile (harness/config/config_network.cpp) instead of restating its numbers.
-  const HardwareProfile hw = load_hardware_profile(std::string(OPTCC_SOURCE_DIR) + "/experiments/profiles/paper-a100-ib200.yaml");
+  const HardwareProfile hw = load_hardware_profile(std::string(optcc::testing::source_dir()) + "/experiments/profiles/paper-a100-ib200.yaml");
   NetworkConfig net;
   apply_network_profile(net, "paper-a100-ib200");
   EXPECT_EQ(hw.emulator_profile, "paper-a100-ib200");

@@ -16,11 +16,12 @@
 #include <tuple>
 
 #include "harness/parallel/distributed.h"
-#include "harness/train/pipeline_codec.h"
 #include "harness/perfmodel/traffic_report.h"
+#include "harness/train/pipeline_codec.h"
 #include "harness/train/trainer.h"
 #include "models/gpt.h"
 #include "tests/support/gloo_ranks.h"
+#include "tests/support/paths.h"
 #include "tests/support/synthetic_corpus.h"
 
 namespace optcc {
@@ -148,7 +149,7 @@ const std::vector<Spec9>& spec9_table() {
 }
 
 Config paper_config(const std::string& file, const std::vector<std::string>& sets = {}) {
-  return load_config(std::string(OPTCC_SOURCE_DIR) + "/experiments/paper/" + file, sets);
+  return load_config(std::string(optcc::testing::source_dir()) + "/experiments/paper/" + file, sets);
 }
 
 class PaperConfigs : public ::testing::TestWithParam<size_t> {};
