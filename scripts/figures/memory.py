@@ -26,17 +26,22 @@ def memory_outputs(experiment, configs):
     rows = memory_rows(configs)
     if not rows:
         return None, None
-    fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(rows) + 3), 4))
-    bottom = np.zeros(len(rows))
+    # Horizontal bars, one per configuration, labelled on the left: labels of several lines (DiLoCo's
+    # settings) overlapped each other under vertical bars.
+    labels = [short(r[0].display(), 45) for r in rows]
+    lines = sum(max(1, l.count("\n") + 1) for l in labels)
+    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.16 * lines + 0.35 * len(rows) + 1.2)))
+    left = np.zeros(len(rows))
     for j, k in enumerate(R.MEMORY_COMPONENTS):
         v = np.array([r[1][k] for r in rows])
-        ax.bar(range(len(rows)), v, bottom=bottom, color=f"C{j}", label=k)
-        bottom += v
-    rest = np.array([max(0.0, r[1]["tracked_peak"] - b) for r, b in zip(rows, bottom)])
-    ax.bar(range(len(rows)), rest, bottom=bottom, color="0.85", hatch="//", edgecolor="0.6", lw=0,
-           label="rest of the tracked peak")
-    ax.set_xticks(range(len(rows)), [short(r[0].display()) for r in rows], rotation=20, ha="right")
-    ax.set(ylabel="MiB", title=f"{experiment}: tensor memory by component (Fig. 12)")
+        ax.barh(range(len(rows)), v, left=left, color=f"C{j}", label=k)
+        left += v
+    rest = np.array([max(0.0, r[1]["tracked_peak"] - b) for r, b in zip(rows, left)])
+    ax.barh(range(len(rows)), rest, left=left, color="0.85", hatch="//", edgecolor="0.6", lw=0,
+            label="rest of the tracked peak")
+    ax.set_yticks(range(len(rows)), labels)
+    ax.invert_yaxis()  # the first configuration (the reference) on top
+    ax.set(xlabel="MiB", title=f"{experiment}: tensor memory by component (Fig. 12)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))
     footnote(fig, runs_note(experiment, [c for c, _ in rows],
                             lambda c: [r for r in c.used if r.rows("memory_components")]))

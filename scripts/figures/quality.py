@@ -8,6 +8,7 @@ import numpy as np
 import optcc_results as R
 from figures.configs import band, final_stats, mb_per_step, paired_eval_difference, paired_loss_differences, speed
 from figures.output import Table, footnote, plt, pm, runs_note, short
+from matplotlib import ticker  # after figures.output, which names the package to install when it is missing
 
 def summary_table(experiment, configs, ref, why):
     ref_time = speed(ref)[0]
@@ -45,8 +46,9 @@ def summary_table(experiment, configs, ref, why):
     return Table(f"{experiment}: final validation and traffic per configuration", header, rows, notes)
 
 
-def draw(ax, configs, table, column, reduce=None):
-    """Mean ± std over the complete runs of each configuration; partial runs dashed, one line each."""
+def draw(ax, configs, table, column, reduce=None, wrap=30):
+    """Mean ± std over the complete runs of each configuration; partial runs dashed, one line each.
+    Labels are wrapped at `wrap` characters (figures.output.short)."""
     drawn = False
     for c in configs:
         color = c.color
@@ -54,7 +56,7 @@ def draw(ax, configs, table, column, reduce=None):
             b = band(c.complete, table, column, reduce)
             if b is not None:
                 s, m, sd = b
-                ax.plot(s, m, color=color, lw=1.2, label=short(f"{c.label} (n={len(c.complete)})"))
+                ax.plot(s, m, color=color, lw=1.2, label=short(f"{c.label} (n={len(c.complete)})", wrap))
                 if len(c.complete) > 1:
                     ax.fill_between(s, m - sd, m + sd, color=color, alpha=0.2, lw=0)
                 drawn = True
@@ -62,7 +64,7 @@ def draw(ax, configs, table, column, reduce=None):
             b = band([r], table, column, reduce)
             if b is not None:
                 ax.plot(b[0], b[1], color=color, lw=1.0, ls="--",
-                        label=short(f"{c.label} seed {r.seed} (partial, step {r.last_step}/{r.train_steps})"))
+                        label=short(f"{c.label} seed {r.seed} (partial, step {r.last_step}/{r.train_steps})", wrap))
                 ax.plot(b[0][-1:], b[1][-1:], color=color, marker="x")
                 drawn = True
     return drawn
@@ -78,30 +80,43 @@ def _running_mean(window):
     return reduce
 
 
+def log_ticks(ax):
+    """Labelled ticks at 1, 2 and 5 times each power of ten on a log y axis, written as plain numbers:
+    perplexities span less than a decade late in a run, where matplotlib's default labels one tick
+    (10^3) or none."""
+    ax.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
+
+
 def curves_figure(experiment, configs, ref):
     fig, (a, b, c) = plt.subplots(1, 3, figsize=(15, 3.8))
     longest = max((r.last_step for cf in configs for r in cf.used), default=0)
     window = max(1, longest // 50)
-    ok_train = draw(a, configs, "train", "loss", _running_mean(window))
-    ok_eval = draw(b, configs, "eval", "ppl")
+    ok_train = draw(a, configs, "train", "loss", _running_mean(window), wrap=60)  # 60: the legend spans the figure
+    ok_eval = draw(b, configs, "eval", "ppl", wrap=60)
     if not ok_train and not ok_eval:
         plt.close(fig)
         return None
     a.set(xlabel="step", ylabel="training loss (nats)",
           title=f"{experiment}: training loss" + (f" (running mean of {window})" if window > 1 else ""))
     b.set(xlabel="step", ylabel="validation perplexity", title="validation perplexity (Fig. 9)", yscale="log")
-    b.legend(loc="upper right")
+    log_ticks(b)
     for cf in configs:
         d = paired_eval_difference(cf, ref) if cf is not ref else None
         if d is not None:
-            c.plot(d[0], d[1], color=cf.color, lw=1.2, ls="--" if cf.is_partial else "-",
-                   label=short(f"{cf.display()} (n={d[3]})"))
+            c.plot(d[0], d[1], color=cf.color, lw=1.2, ls="--" if cf.is_partial else "-")
             if d[3] > 1:
                 c.fill_between(d[0], d[1] - d[2], d[1] + d[2], color=cf.color, alpha=0.2, lw=0)
     c.axhline(0, color=ref.color, lw=1.0)
     c.set(xlabel="step", ylabel="Δ validation loss (nats)", title=f"minus {ref.label}, paired by seed")
-    if c.get_legend_handles_labels()[0]:
-        c.legend()
+    # One legend for the three panels, under them (a configuration has one colour everywhere): legends
+    # inside the panels covered the curves and each other once labels are long (DiLoCo's settings).
+    handles, labels = (a if ok_train else b).get_legend_handles_labels()
+    if handles:
+        columns = 3 if len(handles) > 2 else len(handles)
+        fig.legend(handles, labels, loc="upper center",
+                   bbox_to_anchor=(0.5, 0.0), ncol=columns, frameon=False)
     footnote(fig, runs_note(experiment, configs, lambda cf: cf.complete + cf.partial))
     return fig
 
@@ -126,7 +141,7 @@ def pareto_figure(experiment, configs):
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for x, y, e, c in pts:
         ax.errorbar([x], [y], yerr=[e], fmt="o", mfc="none" if c.is_partial else None, color=c.color,
-                    capsize=3, label=short(c.display()))
+                    capsize=3, label=short(c.display(), 45))
     front, best = [], math.inf
     for x, y, _, _ in sorted(pts, key=lambda p: (p[0], p[1])):
         if y < best:
@@ -137,6 +152,6 @@ def pareto_figure(experiment, configs):
         ax.set_xscale("log")
     ax.set(xlabel="MB sent per training step (all ranks)", ylabel="final validation perplexity",
            title=f"{experiment}: perplexity against traffic")
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1))  # beside the axes: long labels covered the points
     footnote(fig, runs_note(experiment, [p[3] for p in pts]))
     return fig
