@@ -108,6 +108,24 @@ class Run:
         if settings.redirected():
             self.redirect(plan, run)
         self.marker = os.path.join(self.results_dir, self.name + ".done")
+        self.set_where = {}  # (TERM, K=V) of each --set-where -> whether this run matches TERM (bind_set_where)
+
+    def own_extra(self, extra):
+        """The extra arguments this run gets: each `--set-where TERM K=V` becomes `--set K=V` where the run
+        matches TERM and is left out elsewhere (bind_set_where decided which); the rest as given."""
+        out, i = [], 0
+        while i < len(extra):
+            if extra[i] == "--set-where":
+                term, kv = extra[i + 1], extra[i + 2]
+                if (term, kv) not in self.set_where:
+                    fail(f"internal: --set-where {term} {kv} was not bound to the runs (bind_set_where)")
+                if self.set_where[(term, kv)]:
+                    out += ["--set", kv]
+                i += 3
+            else:
+                out.append(extra[i])
+                i += 1
+        return out
 
     def redirect(self, plan, run):
         """Results (and checkpoints) under settings.results: later options win over the sweep's."""
@@ -143,6 +161,7 @@ class Run:
         A benchmark run's are the sweep's (program and options) only: extra train args do not apply."""
         if self.kind == "benchmark":
             return list(self.args)
+        extra = self.own_extra(extra)
         args = self.args + list(extra)
         if not any(a == "--resume" or a.startswith("--resume=") for a in extra):
             args += ["--resume", "auto"]
@@ -170,9 +189,9 @@ class Run:
 
 
 def check_extra(extra):
-    """The extra arguments for optcc train: only --set K=V and --resume [DIR|auto] (the sweep gives
-    --config, the runner --nproc). Calls fail() naming the first other token (a typo such as --onyl
-    would otherwise fail every run)."""
+    """The extra arguments for optcc train: only --set K=V, --set-where AXIS=VALUES K=V (bind_set_where)
+    and --resume [DIR|auto] (the sweep gives --config, the runner --nproc). Calls fail() naming the
+    first other token (a typo such as --onyl would otherwise fail every run)."""
     i = 0
     while i < len(extra):
         a = extra[i]
@@ -182,12 +201,41 @@ def check_extra(extra):
             if i + 1 >= len(extra) or "=" not in extra[i + 1]:
                 fail("extra arguments: --set needs section.key=value after it")
             i += 2
+        elif a == "--set-where":
+            if i + 2 >= len(extra) or "=" not in extra[i + 1] or "=" not in extra[i + 2]:
+                fail("extra arguments: --set-where needs AXIS=VALUE[,VALUE...] and section.key=value after it, "
+                     "e.g. --set-where dp=diloco_h16 diloco.inner_steps=10")
+            i += 3
         elif a == "--resume":
             i += 2 if i + 1 < len(extra) and not extra[i + 1].startswith("-") else 1
         else:
             fail(f"extra argument {a!r}: extra arguments go to every run's optcc train, which takes only "
-                 "--set section.key=value and --resume [DIR|auto] here (the runner's own options: --scale, "
-                 "--only, --dry-run)")
+                 "--set section.key=value, --set-where AXIS=VALUES section.key=value and --resume [DIR|auto] "
+                 "here (the runner's own options: --scale, --only, --dry-run)")
+
+
+def bind_set_where(runs, extra, experiment):
+    """Decides, for every `--set-where TERM K=V` in `extra`, which of `runs` (the experiment's, all of
+    them) match TERM: an --only term (parse_only: AXIS=VALUE[,VALUE...] of the grid, or run=NAME,...).
+    Those runs get --set K=V, the others nothing (Run.own_extra): a setting for the rows that read a key,
+    e.g. DiLoCo's period in a trial, which an uncompressed row would refuse. Calls fail() for a bad term
+    or one that matches no run."""
+    i = 0
+    while i < len(extra):
+        if extra[i] != "--set-where":
+            i += 1
+            continue
+        term, kv = extra[i + 1], extra[i + 2]
+        wanted = parse_only([term], runs, experiment)
+        hits = 0
+        for r in runs:
+            hit = all((r.name if a == "run" else r.axes.get(a)) in v for a, v in wanted.items())
+            r.set_where[(term, kv)] = hit
+            hits += hit
+        if not hits:
+            fail(f"--set-where {term} {kv}: no run of {experiment} has {term} (`optcc sweep {experiment}` lists them)")
+        print(f"# --set-where {term} {kv}: {hits} of {len(runs)} runs", flush=True)
+        i += 3
 
 
 def parse_only(terms, runs, experiment):
@@ -275,9 +323,10 @@ def warn_other_extra(runs, extra):
     """One line per finished run whose .done records other extra arguments than `extra`: it stays
     skipped, and its results are those of the other arguments."""
     for r in runs:
-        other = r.finished_with_other_extra(extra)
+        mine = r.own_extra(extra)
+        other = r.finished_with_other_extra(mine)
         if other is not None:
-            print(f"warning: {r.name} finished with other extra arguments ({other}), not ({shlex.join(extra) or 'none'}); "
+            print(f"warning: {r.name} finished with other extra arguments ({other}), not ({shlex.join(mine) or 'none'}); "
                   f"it is skipped: delete {r.marker} (and its results) to run it with these", file=sys.stderr)
 
 
@@ -373,6 +422,7 @@ def run_one(settings, run, extra, launcher, runs=()):
     if run.finished():
         print(f"[{run.index}] {run.name}: finished ({run.marker} exists), skipped", flush=True)
         return 0
+    extra = run.own_extra(extra)  # --set-where resolved for this run
     pin = regime_args(settings, run, runs, extra)
     if pin:
         print(f"[{run.index}] {run.name}: reuses the comparison's links ({pin[1]})", flush=True)
@@ -411,6 +461,7 @@ def task_main(argv):
     if not index.isdigit() or int(index) not in runs:
         fail(f"run index {index} is not in {exp} at scale {scale} (indices {sorted(runs)})")
     all_runs = [Run(settings, plan, r) for r in plan["runs"]]
+    bind_set_where(all_runs, extra, exp)
     return run_one(settings, all_runs[[r.index for r in all_runs].index(int(index))], extra, "srun", all_runs)
 
 

@@ -84,6 +84,30 @@ class RunnerRulesTest(unittest.TestCase):
                 er.check_extra(bad)
             self.assertIn("extra argument", err.getvalue())
 
+    def test_set_where_sets_a_key_only_in_the_matching_rows(self):
+        extra = ["--set", "train.train_steps=20", "--set-where", "variant=lazy-r16,lazy-r64", "model.x=1",
+                 "--set-where", "run=off-r16-seed1", "model.y=2"]
+        er.check_extra(extra)
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            er.bind_set_where(self.runs, extra, "exp.yaml")
+        self.assertIn("# --set-where variant=lazy-r16,lazy-r64 model.x=1: 2 of 4 runs", out.getvalue())
+        own = {r.name: r.own_extra(extra) for r in self.runs}
+        self.assertEqual(own["baseline-seed1"], ["--set", "train.train_steps=20"])
+        self.assertEqual(own["lazy-r16-seed1"], ["--set", "train.train_steps=20", "--set", "model.x=1"])
+        self.assertEqual(own["lazy-r64-seed1"], own["lazy-r16-seed1"])
+        self.assertEqual(own["off-r16-seed1"], ["--set", "train.train_steps=20", "--set", "model.y=2"])
+        # the command and the .done record carry the run's own settings; resolving twice changes nothing
+        self.assertEqual(self.runs[1].train_args(extra)[-4:], ["--set", "model.x=1", "--resume", "auto"])
+        self.assertEqual(self.runs[1].own_extra(own["lazy-r16-seed1"]), own["lazy-r16-seed1"])
+        for bad, why in ((["variant=nothing", "model.x=1"], "has no value 'nothing'"),
+                         (["variant=lazy-r16"], "--set-where needs AXIS=VALUE"),
+                         (["lazy-r16", "model.x=1"], "--set-where needs AXIS=VALUE")):
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err, \
+                    contextlib.redirect_stdout(io.StringIO()):
+                er.check_extra(["--set-where", *bad])
+                er.bind_set_where(self.runs, ["--set-where", *bad], "exp.yaml")
+            self.assertIn(why, err.getvalue())
+
     def test_marker_records_extra_arguments(self):
         run = self.runs[1]
         self.assertTrue(run.marker.startswith(self.tmp.name))  # redirected results root
