@@ -154,7 +154,10 @@ def print_short(path):
     sent = run.bytes_per_step()
     if sent:
         data = sum(sent[c] for c in R.DATA_CLASSES)
-        parts = ", ".join(f"{c} {sent[c] / 1e6:.3f}" for c in R.DATA_CLASSES if sent[c])
+        def part(c):
+            wire = sent.get(R.wire_key(c))  # the stage-to-stage sends alone (optcc_results.WIRE_CLASSES)
+            return f"{c} {sent[c] / 1e6:.3f}" + (f" (wire {wire / 1e6:.3f})" if wire is not None else "")
+        parts = ", ".join(part(c) for c in R.DATA_CLASSES if sent[c])
         print(f"  sent per step, all ranks: {data / 1e6:.3f} MB ({parts or 'nothing'})")
     print(f"  the whole file: {sys.argv[0]} {path} --full")
 

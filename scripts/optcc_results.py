@@ -47,6 +47,14 @@ except ImportError as e:
 
 TRAFFIC_CLASSES = ["tp", "pp_fwd", "pp_bwd", "dp", "embedding", "control", "outer"]  # /traffic class numbers (communicator.h)
 DATA_CLASSES = TRAFFIC_CLASSES[:5] + ["outer"]  # what a scheme compresses; control (records, barriers) left out
+# The pipeline classes also hold the receiving stage's TP all-gather of scatter-gathered slices
+# (harness/parallel/stage_link.h); "<class> wire" is their stage-to-stage sends alone (/traffic's
+# p2p_bytes column; files written before it have none): what a pipeline codec compresses.
+WIRE_CLASSES = ["pp_fwd", "pp_bwd"]
+
+
+def wire_key(cls):
+    return f"{cls} wire"
 MEMORY_COMPONENTS = ["parameters", "gradients", "optimizer", "activations_peak", "lep_buffers",
                      "ef_buffers", "pq_buffers", "outer_state"]  # outer_state: DiLoCo (files before it: 0)
 STATUSES = ["complete", "partial", "failed"]
@@ -421,7 +429,11 @@ class Run:
             return {}
         t = {c: v[t["step"] <= last] for c, v in t.items()}
         n = max(1, len(np.unique(t["step"])))
-        return {c: float(t["bytes"][t["class"] == i].sum()) / n for i, c in enumerate(TRAFFIC_CLASSES)}
+        out = {c: float(t["bytes"][t["class"] == i].sum()) / n for i, c in enumerate(TRAFFIC_CLASSES)}
+        if "p2p_bytes" in t:
+            for c in WIRE_CLASSES:
+                out[wire_key(c)] = float(t["p2p_bytes"][t["class"] == TRAFFIC_CLASSES.index(c)].sum()) / n
+        return out
 
     def config_hash(self):
         """sha256 (12 hex digits) of the stored config attribute, as written."""

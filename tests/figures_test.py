@@ -179,7 +179,14 @@ def build_results(root):
         cfg = yaml.safe_load(a["config"])
         cfg["compression"]["dp"] = {"name": name[2:], "rank": 4}  # differ in config, as such runs do
         a["config"] = yaml.safe_dump(cfg)
-        write_file(os.path.join(comp, f"{name}-seed1.h5"), a, run_rows("baseline", 1, 1, STEPS, (final, math.exp(final))))
+        path = os.path.join(comp, f"{name}-seed1.h5")
+        write_file(path, a, run_rows("baseline", 1, 1, STEPS, (final, math.exp(final))))
+        with h5py.File(path, "a") as f:  # these runs record the stage-to-stage wire: a quarter of each pp class
+            g = f["traffic"]
+            g.attrs["columns"] = ",".join(TABLES["traffic"][:5] + ["p2p_bytes"] + TABLES["traffic"][5:])
+            cls, sent = g["class"][:], g["bytes"][:]
+            g.create_dataset("p2p_bytes", data=np.where((cls == 1) | (cls == 2), sent // 4, 0), maxshape=(None,),
+                             chunks=(1024,))
 
 
 def write_benchmark(path):
@@ -386,6 +393,15 @@ class FiguresTest(unittest.TestCase):
         rows = [l.split(" | ")[0].lstrip("| ") for l in md.splitlines() if l.startswith("| ") and "---" not in l][1:]
         self.assertEqual(rows, ["baseline", "dp=powersgd(rank=4)", "dp=topk(fraction=0.01)"])  # reference first
         self.assertIn("- reference: baseline (no compression)", md)
+        # the stage-to-stage wire beside each pipeline class (these files have /traffic/p2p_bytes; exp's do not)
+        header = [c.strip() for c in md.splitlines()[2].strip("|").split("|")]
+        self.assertEqual(header[10:15], ["tp MB/step", "pp_fwd MB/step", "pp_fwd wire MB/step", "pp_bwd MB/step",
+                                         "pp_bwd wire MB/step"], md)
+        cells = [c.strip() for c in md.splitlines()[4].strip("|").split("|")]
+        self.assertEqual(cells[11:15], [f"{BYTES['baseline'][1] / 1e6:.3f}", f"{BYTES['baseline'][1] / 4e6:.3f}",
+                                        f"{BYTES['baseline'][2] / 1e6:.3f}", f"{BYTES['baseline'][2] / 4e6:.3f}"], md)
+        self.assertIn("wire: the stage-to-stage sends alone", md)
+        self.assertNotIn("wire", "".join(self.table_rows("table.md")["cb"]))
         files = [os.path.join(self.results, "compressors", f"{n}-seed1.h5") for n in ("a_topk", "z_none")]
         r = script("scheme_table.py", *files)
         self.assertEqual(r.returncode, 0, r.stderr)

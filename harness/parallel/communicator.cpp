@@ -43,9 +43,11 @@ const char* traffic_name(Traffic t) {
 
 const char* link_name(Link l) { return l == Link::kIntraNode ? "intra" : "inter"; }
 
-void TrafficMeter::record(Traffic cls, Link link, int64_t bytes, double seconds, double emulated_seconds) {
+void TrafficMeter::record(Traffic cls, Link link, int64_t bytes, double seconds, double emulated_seconds,
+                          bool point_to_point) {
   auto& c = c_[static_cast<int>(cls)][static_cast<int>(link)];
   c.bytes += bytes;
+  if (point_to_point) c.p2p_bytes += bytes;
   c.calls += 1;
   c.seconds += seconds;
   c.emulated_seconds += emulated_seconds;
@@ -60,6 +62,7 @@ TrafficCounters TrafficMeter::total() const {
   for (const auto& per_class : c_) {
     for (const auto& c : per_class) {
       t.bytes += c.bytes;
+      t.p2p_bytes += c.p2p_bytes;
       t.calls += c.calls;
       t.seconds += c.seconds;
       t.emulated_seconds += c.emulated_seconds;
@@ -104,8 +107,8 @@ std::string Communicator::describe(const std::string& op, int64_t bytes) const {
                      rank_, size(), op, bytes, where);
 }
 
-void Communicator::record(Traffic cls, int64_t bytes, double seconds, double emulated_seconds) {
-  if (meter_) meter_->record(cls, link_, bytes, seconds, emulated_seconds);
+void Communicator::record(Traffic cls, int64_t bytes, double seconds, double emulated_seconds, bool point_to_point) {
+  if (meter_) meter_->record(cls, link_, bytes, seconds, emulated_seconds, point_to_point);
 }
 
 void Communicator::settle() const {

@@ -70,6 +70,10 @@ const char* link_name(Link l);        // "intra", "inter"
 
 struct TrafficCounters {
   int64_t bytes = 0;     // bytes this rank sent
+  // Of `bytes`, those sent point to point (send(); the rest left in collectives). For pp_fwd and
+  // pp_bwd this is the stage-to-stage wire alone: the class also holds the receiving stage's TP
+  // all-gather of scatter-gathered slices (stage_link.h), a collective.
+  int64_t p2p_bytes = 0;
   int64_t calls = 0;     // operations issued
   double seconds = 0.0;  // wall time spent waiting in them, s
   double emulated_seconds = 0.0;  // link emulation's duration of them (link_emulator.h), s; 0 off
@@ -78,7 +82,9 @@ struct TrafficCounters {
 /// Per-rank counters by class x link. Not thread-safe: one training thread uses it.
 class TrafficMeter {
  public:
-  void record(Traffic cls, Link link, int64_t bytes, double seconds, double emulated_seconds = 0.0);
+  /// point_to_point: the bytes were sent by send() (counted in p2p_bytes too), not a collective.
+  void record(Traffic cls, Link link, int64_t bytes, double seconds, double emulated_seconds = 0.0,
+              bool point_to_point = false);
   const TrafficCounters& at(Traffic cls, Link link) const;
   TrafficCounters total() const;
   void reset();
@@ -213,7 +219,7 @@ class Communicator {
   // What the backend moves for `t`: Gloo (LibTorch 1.13) moves no bf16, so a bf16 tensor travels as
   // a fp16 view of its storage (the same 16 bits, no rounding); anything else is `t` itself.
   torch::Tensor moved_bits(const torch::Tensor& t) const;
-  void record(Traffic cls, int64_t bytes, double seconds, double emulated_seconds = 0.0);
+  void record(Traffic cls, int64_t bytes, double seconds, double emulated_seconds = 0.0, bool point_to_point = false);
   // communicator_emulation.cpp: emulation, skipping and timeline events of each operation.
   void finish_collective(Traffic cls, CollectiveKind kind, int64_t tensor_bytes, int64_t sent_bytes,
                          std::chrono::steady_clock::time_point t0);

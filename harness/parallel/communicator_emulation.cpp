@@ -118,7 +118,7 @@ void Communicator::finish_p2p(CommHandle& h) {
   }
   const bool skipped = h.skipped_;
   h.skipped_ = false;
-  record(h.cls_, skipped ? 0 : h.bytes_, seconds_since(h.start_), emulated);
+  record(h.cls_, skipped ? 0 : h.bytes_, seconds_since(h.start_), emulated, /*point_to_point=*/true);
   if (Timeline* tl = Timeline::active()) {
     tl->add(h.is_send_ ? EventKind::kSend : EventKind::kRecv, stream_of(h.cls_), h.microbatch_, event_start, monotonic_ns());
   }

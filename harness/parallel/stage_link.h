@@ -25,8 +25,9 @@
 //   - the sender records its payload on the pipeline group's link: N/t*4 bytes per fp32 message
 //     with scatter-gather, N*4 without (a codec's wire tensors instead, when one is set);
 //   - the receiver's all-gather is recorded under the SAME class, on the TP group's link
-//     (intra-node): (t-1)*N/t*4 bytes per received message; so "bytes per class" covers both hops
-//     and the link column separates them.
+//     (intra-node): (t-1)*N/t*4 bytes per received message; so "bytes per class" covers both hops.
+//     Where both groups share a link (all on one node), TrafficCounters::p2p_bytes still separates
+//     them: the sends alone, i.e. the stage-to-stage wire (the first term of each line below).
 // Per step, stage k of p, m micro-batches, t > 1, t | N, fp32, no codec:
 //   pp_fwd = [k < p-1] m*N*4/t (pipeline link) + [k > 0]     m*(t-1)*N*4/t (TP link)
 //   pp_bwd = [k > 0]   m*N*4/t (pipeline link) + [k < p-1]   m*(t-1)*N*4/t (TP link)

@@ -155,7 +155,9 @@ void add_measured_tables(std::vector<std::unique_ptr<RankTable>>& t) {
   // One row per (step, rank, class, link) with traffic in that step. class: 0 tp, 1 pp_fwd,
   // 2 pp_bwd, 3 dp, 4 embedding, 5 control, 6 outer (DiLoCo); link: 0 intra-node, 1 inter-node. seconds: measured
   // wall time in the operations; emulated_seconds: link emulation's duration of them
-  // (harness/parallel/link_emulator.h; 0 without network.emulate).
+  // (harness/parallel/link_emulator.h; 0 without network.emulate). p2p_bytes: of bytes, those sent
+  // point to point; for pp_fwd and pp_bwd the stage-to-stage wire, without the receiving stage's TP
+  // all-gather of scatter-gathered slices that the class also holds (stage_link.h).
   t.push_back(std::make_unique<Table<TrafficItem>>(
       "traffic", [](const StepExtras&) -> int64_t { return kNumTraffic * 2; },
       [](const RankStep& s) {
@@ -171,6 +173,7 @@ void add_measured_tables(std::vector<std::unique_ptr<RankTable>>& t) {
       Cols<TrafficItem>{{"class", kI, "", [](const TrafficItem& i) { return double(i.cls); }},
                         {"link", kI, "", [](const TrafficItem& i) { return double(i.link); }},
                         {"bytes", kI, "bytes", [](const TrafficItem& i) { return double(i.t.bytes); }},
+                        {"p2p_bytes", kI, "bytes", [](const TrafficItem& i) { return double(i.t.p2p_bytes); }},
                         {"calls", kI, "", [](const TrafficItem& i) { return double(i.t.calls); }},
                         {"seconds", kF, "s", [](const TrafficItem& i) { return i.t.seconds; }},
                         {"emulated_seconds", kF, "s", [](const TrafficItem& i) { return i.t.emulated_seconds; }}}));

@@ -195,12 +195,14 @@ def speed(config):
 
 
 def mb_per_step(config):
-    """{class: mean MB per step over the used runs} ({} without traffic)."""
+    """{class (and wire key, where every used run has it): mean MB per step over the used runs}
+    ({} without traffic)."""
     per_run = [r.bytes_per_step() for r in config.used]
     per_run = [p for p in per_run if p]
     if not per_run:
         return {}
-    return {c: float(np.mean([p[c] for p in per_run])) / 1e6 for c in R.TRAFFIC_CLASSES}
+    keys = [k for k in per_run[0] if all(k in p for p in per_run)]
+    return {k: float(np.mean([p[k] for p in per_run])) / 1e6 for k in keys}
 
 
 def series(run, table, column):

@@ -16,8 +16,13 @@ def summary_table(experiment, configs, ref, why):
     mbs = {id(c): mb_per_step(c) for c in configs}
     # outer (DiLoCo's exchange) only where some configuration sends it
     classes = [k for k in R.DATA_CLASSES if k != "outer" or any(m and m.get(k) for m in mbs.values())]
+    # the stage-to-stage wire beside each pipeline class's total, where some run has pipeline bytes and
+    # every configuration's runs record the wire (files written before /traffic/p2p_bytes do not)
+    wire = all(R.wire_key(c) in m for m in mbs.values() if m for c in R.WIRE_CLASSES) and \
+        any(m and m.get(c) for m in mbs.values() for c in R.WIRE_CLASSES)
+    columns = [k for c in classes for k in ([c, R.wire_key(c)] if wire and c in R.WIRE_CLASSES else [c])]
     header = ["configuration", "runs", "seeds", "steps", "valid ppl", "valid loss", "Δ loss vs ref (paired)",
-              "ppl vs ref", "tokens/s", "speed-up"] + [f"{c} MB/step" for c in classes] + ["total MB/step"]
+              "ppl vs ref", "tokens/s", "speed-up"] + [f"{c} MB/step" for c in columns] + ["total MB/step"]
     rows = []
     for c in configs:
         fin = final_stats(c)
@@ -31,7 +36,7 @@ def summary_table(experiment, configs, ref, why):
                f"{100 * (ppl[0] / ref_ppl - 1):+.1f}%" if ppl[2] and ref_ppl == ref_ppl else "",
                f"{tok[0]:.0f}" if tok[0] == tok[0] else "",
                f"{ref_time[0] / sec[0]:.3f}" if sec[0] == sec[0] and ref_time[0] == ref_time[0] else ""]
-        row += [f"{mb[k]:.3f}" if mb else "" for k in classes]
+        row += [f"{mb[k]:.3f}" if mb else "" for k in columns]
         row.append(f"{sum(mb[k] for k in R.DATA_CLASSES):.3f}" if mb else "")
         rows.append(row)
     notes = [f"reference: {ref.label} ({why}); configurations differ in: {', '.join(ref.differ) or 'nothing'}",
@@ -43,6 +48,10 @@ def summary_table(experiment, configs, ref, why):
              "speed-up = reference step time / this step time",
              "MB/step: bytes all ranks sent per training step, mean of the last 20 steps (DiLoCo: of the last "
              "whole periods of diloco.inner_steps steps, at least 20; control traffic left out)"]
+    if wire:
+        notes.append("pp_fwd and pp_bwd MB/step: the class total, i.e. the stage-to-stage sends plus the receiving "
+                     "stage's tensor-parallel all-gather of the scatter-gathered slices (uncompressed, on the TP "
+                     "link); wire: the stage-to-stage sends alone, what a pipeline codec compresses")
     return Table(f"{experiment}: final validation and traffic per configuration", header, rows, notes)
 
 

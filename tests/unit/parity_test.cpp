@@ -135,9 +135,10 @@ TEST(Traffic, MeasuredBytesEqualFormulas) {
   H5::H5File f(out[0].results_path, H5F_ACC_RDONLY);
   const auto step = read_column(f, "/traffic/step"), rank = read_column(f, "/traffic/rank");
   const auto cls = read_column(f, "/traffic/class"), bytes = read_column(f, "/traffic/bytes");
-  std::map<std::pair<int64_t, int64_t>, int64_t> measured;  // (rank, class) -> bytes in step 2
+  const auto p2p_bytes = read_column(f, "/traffic/p2p_bytes");
+  std::map<std::pair<int64_t, int64_t>, int64_t> measured, measured_p2p;  // (rank, class) -> bytes in step 2
   for (size_t i = 0; i < step.size(); ++i) {
-    if (step[i] == 2) measured[{rank[i], cls[i]}] += bytes[i];
+    if (step[i] == 2) measured[{rank[i], cls[i]}] += bytes[i], measured_p2p[{rank[i], cls[i]}] += p2p_bytes[i];
   }
   const int64_t t = 2, d = 2, s = 16, b = 2, h = 32, m = 2, layers = 2;
   const int64_t N4 = s * b * h * 4;                  // one activation message, bytes
@@ -160,6 +161,10 @@ TEST(Traffic, MeasuredBytesEqualFormulas) {
     EXPECT_EQ((measured[{r, 2}]), pp_bwd) << "pp_bwd bytes of rank " << r;
     EXPECT_EQ((measured[{r, 3}]), dp) << "dp bytes of rank " << r;
     EXPECT_EQ((measured[{r, 4}]), embedding) << "embedding bytes of rank " << r;
+    // Point to point: only the stage-to-stage sends (the first terms above), no collective's bytes.
+    EXPECT_EQ((measured_p2p[{r, 1}]), m * (last ? 0 : N4 / t)) << "pp_fwd wire bytes of rank " << r;
+    EXPECT_EQ((measured_p2p[{r, 2}]), m * (first ? 0 : N4 / t)) << "pp_bwd wire bytes of rank " << r;
+    for (int64_t c : {0, 3, 4}) EXPECT_EQ((measured_p2p[{r, c}]), 0) << "class " << c << " of rank " << r;
   }
 }
 

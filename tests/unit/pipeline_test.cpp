@@ -194,6 +194,11 @@ TEST_P(PipelineVsReference, LossGradientsAndBytes) {
     EXPECT_EQ(r.meter.at(Traffic::kPipelineBackward, Link::kIntraNode).bytes,
               last ? 0 : m * gather);
     EXPECT_EQ(r.meter.at(Traffic::kTensorParallel, Link::kIntraNode).bytes, 0);
+    // p2p_bytes: the sends alone (the pipeline link here), never the all-gather.
+    for (Traffic c : {Traffic::kPipelineForward, Traffic::kPipelineBackward}) {
+      EXPECT_EQ(r.meter.at(c, Link::kInterNode).p2p_bytes, r.meter.at(c, Link::kInterNode).bytes);
+      EXPECT_EQ(r.meter.at(c, Link::kIntraNode).p2p_bytes, 0);
+    }
   }
 }
 
