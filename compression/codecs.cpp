@@ -177,8 +177,8 @@ std::vector<torch::ScalarType> QuantCodec::wire_dtypes(int64_t) const {
 
 namespace {
 
-/// One row's grid (codecs.h, int8): scale = (max − min)/levels, lo = min, or the zero-point grid
-/// lo = −round(−min/scale)·scale when min < 0 < max. `safe`: scale, or 1 for a constant row.
+/// One row's grid (codecs.h, int8; kernels::quant_grid): scale = (max − min)/levels, lo = min, or the
+/// zero-point grid lo = −round(−min/scale)·scale when min < 0 < max. `safe`: scale, or 1 for a constant row.
 struct RowGrid {
   float scale, lo, safe;
 };
@@ -186,10 +186,8 @@ struct RowGrid {
 RowGrid row_grid(const float* x, int64_t n, float levels) {
   float mn, mx;
   kernels::min_max(x, n, &mn, &mx);
-  const float scale = (mx - mn) / levels;
-  const float safe = scale > 0 ? scale : 1.0f;  // constant row: q = 0
-  const float lo = mn < 0 && mx > 0 ? -(std::nearbyint(-mn / safe) * scale) : mn;
-  return {scale, lo, safe};
+  const kernels::QuantGrid g = kernels::quant_grid(mn, mx, levels);
+  return {g.scale, g.offset, g.safe};
 }
 
 /// Runs fill(host) on `out` when it is a CPU tensor, else on a CPU tensor copied into it.
@@ -314,37 +312,18 @@ Payload HadamardCodec::encode_impl(const torch::Tensor& x) {
   const auto host = x.to(torch::kCPU).contiguous();
   auto q = torch::empty({t, row_bytes}, torch::kByte);
   auto meta = torch::empty({t, 2}, torch::kFloat);  // {scale, lo} per tile
-  const float levels = static_cast<float>((1 << bits_) - 1);
-  const float* px = host.data_ptr<float>();
-  float* pm = meta.data_ptr<float>();
-  uint8_t* pq = q.data_ptr<uint8_t>();
-  std::vector<float> y(tile_);
-  std::vector<uint8_t> codes(tile_);
-  for (int64_t i = 0; i < t; ++i) {
-    std::copy(px + i * tile_, px + (i + 1) * tile_, y.begin());
-    kernels::hadamard_transform(y.data(), tile_);
-    const RowGrid g = row_grid(y.data(), tile_, levels);
-    pm[2 * i] = g.scale, pm[2 * i + 1] = g.lo;
-    kernels::quantize(y.data(), tile_, g.lo, 1.0f / g.safe, levels, codes.data());
-    kernels::pack_bits(codes.data(), tile_, bits_, pq + i * row_bytes);
-  }
+  // 16 tiles at a time (raw_loops.h): the per-tile rotation, grid, quantisation and packing, bit for bit
+  kernels::hadamard_encode_tiles(host.data_ptr<float>(), t, tile_, bits_, q.data_ptr<uint8_t>(),
+                                 meta.data_ptr<float>());
   return {{q.to(x.device()), meta.to(x.device())}};
 }
 
 void HadamardCodec::decode_impl(const Payload& p, torch::Tensor& out) const {
   const auto q = p.parts[0].to(torch::kCPU).contiguous();
   const auto meta = p.parts[1].to(torch::kCPU).contiguous();
-  const int64_t row_bytes = tile_ * bits_ / 8;
   fill_on_host(out, [&](torch::Tensor& y) {
-    const uint8_t* pq = q.data_ptr<uint8_t>();
-    const float* pm = meta.data_ptr<float>();
-    float* py = y.data_ptr<float>();
-    std::vector<uint8_t> codes(tile_);
-    for (int64_t i = 0; i < meta.size(0); ++i) {
-      kernels::unpack_bits(pq + i * row_bytes, tile_, bits_, codes.data());
-      kernels::dequantize(codes.data(), tile_, pm[2 * i], pm[2 * i + 1], py + i * tile_);
-      kernels::hadamard_transform(py + i * tile_, tile_);
-    }
+    kernels::hadamard_decode_tiles(q.data_ptr<uint8_t>(), meta.data_ptr<float>(), meta.size(0), tile_, bits_,
+                                   y.data_ptr<float>());
   });
 }
 

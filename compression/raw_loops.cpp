@@ -170,6 +170,348 @@ void unpack_bits(const uint8_t* p, int64_t n, int bits, uint8_t* q) {
   }
 }
 
+QuantGrid quant_grid(float lo, float hi, float levels) {
+  const float scale = (hi - lo) / levels;
+  const float safe = scale > 0 ? scale : 1.0f;  // constant row: q = 0
+  const float offset = lo < 0 && hi > 0 ? -(std::nearbyint(-lo / safe) * scale) : lo;
+  return {scale, offset, safe};
+}
+
+namespace {
+
+constexpr int64_t kTileBlock = 16;  // tiles per transposed block: one AVX-512 or two AVX2 vectors of fp32
+
+// Butterflies and the 1/√tile of hadamard_transform on a block b[tile][kTileBlock] (column l: tile l),
+// each element through the same operations in the same order as hadamard_transform.
+OPTCC_SIMD_CLONES void hadamard_block(float* b, int64_t tile) {
+  for (int64_t h = 1; h < tile; h *= 2) {
+    for (int64_t i = 0; i < tile; i += 2 * h) {
+      for (int64_t j = i; j < i + h; ++j) {
+        float* __restrict u = b + j * kTileBlock;
+        float* __restrict v = b + (j + h) * kTileBlock;
+        for (int64_t l = 0; l < kTileBlock; ++l) {
+          const float x = u[l], y = v[l];
+          u[l] = x + y;
+          v[l] = x - y;
+        }
+      }
+    }
+  }
+  const float s = 1.0f / std::sqrt(static_cast<float>(tile));
+  for (int64_t k = 0; k < tile * kTileBlock; ++k) b[k] *= s;
+}
+
+// Per column of b[tile][kTileBlock]: min_max's ordered-integer minimum and maximum.
+OPTCC_SIMD_CLONES void block_min_max(const float* b, int64_t tile, float* lo, float* hi) {
+  int32_t mn[kTileBlock], mx[kTileBlock];
+  for (int64_t l = 0; l < kTileBlock; ++l) {
+    int32_t k;
+    std::memcpy(&k, b + l, 4);
+    mn[l] = mx[l] = ordered(k);
+  }
+  for (int64_t j = 0; j < tile; ++j) {
+    for (int64_t l = 0; l < kTileBlock; ++l) {
+      int32_t k;
+      std::memcpy(&k, b + j * kTileBlock + l, 4);
+      k = ordered(k);
+      mn[l] = k < mn[l] ? k : mn[l];
+      mx[l] = k > mx[l] ? k : mx[l];
+    }
+  }
+  for (int64_t l = 0; l < kTileBlock; ++l) {
+    const int32_t a = ordered(mn[l]), c = ordered(mx[l]);
+    std::memcpy(lo + l, &a, 4);
+    std::memcpy(hi + l, &c, 4);
+  }
+}
+
+// quantize() per column: q[j][l] from b[j][l] with column l's offset and 1/safe.
+OPTCC_SIMD_CLONES void block_quantize(const float* b, int64_t tile, const float* offset, const float* inv,
+                                      float levels, uint8_t* q) {
+  for (int64_t j = 0; j < tile; ++j) {
+    for (int64_t l = 0; l < kTileBlock; ++l) {
+      float v = (b[j * kTileBlock + l] - offset[l]) * inv[l];
+      v = v > 0.0f ? v : 0.0f;
+      v = v < levels ? v : levels;
+      q[j * kTileBlock + l] = static_cast<uint8_t>(static_cast<int32_t>(round_even(v)));
+    }
+  }
+}
+
+// dequantize() per column: b[j][l] = q[j][l]·scale[l] + offset[l].
+OPTCC_SIMD_CLONES void block_dequantize(const uint8_t* q, int64_t tile, const float* scale, const float* offset,
+                                        float* b) {
+  for (int64_t j = 0; j < tile; ++j) {
+    for (int64_t l = 0; l < kTileBlock; ++l) {
+      b[j * kTileBlock + l] = static_cast<float>(q[j * kTileBlock + l]) * scale[l] + offset[l];
+    }
+  }
+}
+
+// pack_bits / unpack_bits of one tile's `tile` codes (a multiple of 8), by whole groups of 8 codes.
+OPTCC_SIMD_CLONES void pack_tile(const uint8_t* q, int64_t tile, int bits, uint8_t* out) {
+  if (bits == 8) {
+    std::memcpy(out, q, static_cast<size_t>(tile));
+  } else if (bits == 4) {
+    for (int64_t i = 0; i < tile / 2; ++i) out[i] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
+  } else {  // 3: eight codes in three bytes, least significant bit first
+    for (int64_t g = 0; g < tile / 8; ++g) {
+      const uint8_t* c = q + 8 * g;
+      const uint32_t v = c[0] | c[1] << 3 | c[2] << 6 | c[3] << 9 | c[4] << 12 | c[5] << 15 | c[6] << 18 |
+                         static_cast<uint32_t>(c[7]) << 21;
+      out[3 * g] = static_cast<uint8_t>(v), out[3 * g + 1] = static_cast<uint8_t>(v >> 8),
+      out[3 * g + 2] = static_cast<uint8_t>(v >> 16);
+    }
+  }
+}
+
+OPTCC_SIMD_CLONES void unpack_tile(const uint8_t* p, int64_t tile, int bits, uint8_t* q) {
+  if (bits == 8) {
+    std::memcpy(q, p, static_cast<size_t>(tile));
+  } else if (bits == 4) {
+    for (int64_t i = 0; i < tile / 2; ++i) q[2 * i] = p[i] & 15, q[2 * i + 1] = p[i] >> 4;
+  } else {
+    for (int64_t g = 0; g < tile / 8; ++g) {
+      const uint32_t v = p[3 * g] | p[3 * g + 1] << 8 | static_cast<uint32_t>(p[3 * g + 2]) << 16;
+      for (int m = 0; m < 8; ++m) q[8 * g + m] = static_cast<uint8_t>((v >> (3 * m)) & 7u);
+    }
+  }
+}
+
+}  // namespace
+
+void hadamard_encode_blocked(const float* x, int64_t tiles, int64_t tile, int bits, uint8_t* codes, float* meta) {
+  const int64_t row_bytes = tile * bits / 8;
+  const float levels = static_cast<float>((1 << bits) - 1);
+  std::vector<float> block(static_cast<size_t>(tile * kTileBlock));
+  std::vector<uint8_t> q(static_cast<size_t>(tile * kTileBlock)), row(static_cast<size_t>(tile));
+  float lo[kTileBlock], hi[kTileBlock], offset[kTileBlock], inv[kTileBlock];
+  for (int64_t t0 = 0; t0 < tiles; t0 += kTileBlock) {
+    const int64_t n = std::min(kTileBlock, tiles - t0);  // tiles in this block; the rest of its columns are 0
+    for (int64_t j = 0; j < tile; ++j) {
+      float* dst = block.data() + j * kTileBlock;
+      for (int64_t l = 0; l < n; ++l) dst[l] = x[(t0 + l) * tile + j];
+      for (int64_t l = n; l < kTileBlock; ++l) dst[l] = 0.0f;
+    }
+    hadamard_block(block.data(), tile);
+    block_min_max(block.data(), tile, lo, hi);
+    for (int64_t l = 0; l < kTileBlock; ++l) {
+      const QuantGrid g = quant_grid(lo[l], hi[l], levels);
+      offset[l] = g.offset, inv[l] = 1.0f / g.safe;
+      if (l < n) meta[2 * (t0 + l)] = g.scale, meta[2 * (t0 + l) + 1] = g.offset;
+    }
+    block_quantize(block.data(), tile, offset, inv, levels, q.data());
+    for (int64_t l = 0; l < n; ++l) {
+      for (int64_t j = 0; j < tile; ++j) row[j] = q[j * kTileBlock + l];
+      pack_tile(row.data(), tile, bits, codes + (t0 + l) * row_bytes);
+    }
+  }
+}
+
+void hadamard_decode_blocked(const uint8_t* codes, const float* meta, int64_t tiles, int64_t tile, int bits,
+                             float* y) {
+  const int64_t row_bytes = tile * bits / 8;
+  std::vector<float> block(static_cast<size_t>(tile * kTileBlock));
+  std::vector<uint8_t> q(static_cast<size_t>(tile * kTileBlock)), row(static_cast<size_t>(tile));
+  float scale[kTileBlock], offset[kTileBlock];
+  for (int64_t t0 = 0; t0 < tiles; t0 += kTileBlock) {
+    const int64_t n = std::min(kTileBlock, tiles - t0);
+    for (int64_t l = 0; l < kTileBlock; ++l) {
+      scale[l] = l < n ? meta[2 * (t0 + l)] : 0.0f, offset[l] = l < n ? meta[2 * (t0 + l) + 1] : 0.0f;
+    }
+    for (int64_t l = 0; l < kTileBlock; ++l) {
+      if (l < n) unpack_tile(codes + (t0 + l) * row_bytes, tile, bits, row.data());
+      for (int64_t j = 0; j < tile; ++j) q[j * kTileBlock + l] = l < n ? row[j] : 0;
+    }
+    block_dequantize(q.data(), tile, scale, offset, block.data());
+    hadamard_block(block.data(), tile);
+    for (int64_t l = 0; l < n; ++l) {
+      for (int64_t j = 0; j < tile; ++j) y[(t0 + l) * tile + j] = block[j * kTileBlock + l];
+    }
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define OPTCC_HADAMARD_AVX2 1
+namespace {
+
+// The same per-tile computation with AVX2 registers of 8 floats, a tile at a time: the butterflies of
+// h = 1, 2, 4 inside each register (a lane permutation, then u + v and u − v blended: the same two
+// operations on the same operands as hadamard_transform), those of h ≥ 8 between registers, then the
+// scale, the ordered-integer min/max, quant_grid, quantize's clamps (max_ps/min_ps keep its answers
+// for NaN and −0) and rounding, and the packing. Bit for bit the per-tile loops.
+__attribute__((target("avx2"))) inline __m256 wht_in8(__m256 r) {
+  __m256 s = _mm256_permute_ps(r, 0xB1);  // lanes 1,0,3,2,...: h = 1
+  r = _mm256_blend_ps(_mm256_add_ps(r, s), _mm256_sub_ps(s, r), 0xAA);
+  s = _mm256_permute_ps(r, 0x4E);  // lanes 2,3,0,1,...: h = 2
+  r = _mm256_blend_ps(_mm256_add_ps(r, s), _mm256_sub_ps(s, r), 0xCC);
+  s = _mm256_permute2f128_ps(r, r, 0x01);  // halves swapped: h = 4
+  return _mm256_blend_ps(_mm256_add_ps(r, s), _mm256_sub_ps(s, r), 0xF0);
+}
+
+// b[0..tile) holds the tile after the in-register stages; the stages h ≥ 8 and the scale, in place.
+__attribute__((target("avx2"))) inline void wht_across(float* b, int64_t tile) {
+  for (int64_t h = 8; h < tile; h *= 2) {
+    for (int64_t i = 0; i < tile; i += 2 * h) {
+      for (int64_t j = i; j < i + h; j += 8) {
+        const __m256 u = _mm256_loadu_ps(b + j), v = _mm256_loadu_ps(b + j + h);
+        _mm256_storeu_ps(b + j, _mm256_add_ps(u, v));
+        _mm256_storeu_ps(b + j + h, _mm256_sub_ps(u, v));
+      }
+    }
+  }
+  const __m256 s = _mm256_set1_ps(1.0f / std::sqrt(static_cast<float>(tile)));
+  for (int64_t j = 0; j < tile; j += 8) _mm256_storeu_ps(b + j, _mm256_mul_ps(_mm256_loadu_ps(b + j), s));
+}
+
+__attribute__((target("avx2"))) inline __m256i ordered8(__m256i k) {
+  return _mm256_xor_si256(k, _mm256_and_si256(_mm256_srai_epi32(k, 31), _mm256_set1_epi32(0x7fffffff)));
+}
+
+// quantize() of 8 values to codes as 8 int32 lanes.
+__attribute__((target("avx2"))) inline __m256i quantize8(__m256 y, __m256 off, __m256 inv, __m256 top) {
+  const __m256 magic = _mm256_set1_ps(12582912.0f);
+  __m256 v = _mm256_mul_ps(_mm256_sub_ps(y, off), inv);
+  v = _mm256_min_ps(_mm256_max_ps(v, _mm256_setzero_ps()), top);  // NaN and −0 -> 0, as quantize()
+  return _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(v, magic), magic));
+}
+
+// 8 codes (int32 lanes, each < 256) as 8 bytes in order, in the low half of the result.
+__attribute__((target("avx2"))) inline __m128i bytes8(__m256i q) {
+  const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+  return _mm_packus_epi16(w, w);
+}
+
+// Stores 8 codes packed at `bits` (4: four bytes, low nibble first; 8: eight bytes); 3 goes through row.
+__attribute__((target("avx2"))) inline void store_codes8(__m256i q, int bits, uint8_t* out, uint8_t* row) {
+  const __m128i b = bytes8(q);
+  if (bits == 4) {
+    const __m128i z = _mm_and_si128(_mm_or_si128(b, _mm_srli_epi16(b, 4)), _mm_set1_epi16(0x00ff));
+    const int32_t packed = _mm_cvtsi128_si32(_mm_packus_epi16(z, z));
+    std::memcpy(out, &packed, 4);
+  } else if (bits == 8) {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(out), b);
+  } else {
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(row), b);
+  }
+}
+
+// min_max's answer from per-lane ordered-integer minima and maxima.
+__attribute__((target("avx2"))) inline void lanes_min_max(__m256i mn, __m256i mx, float* lo, float* hi) {
+  alignas(32) int32_t a[8], c[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(a), mn);
+  _mm256_store_si256(reinterpret_cast<__m256i*>(c), mx);
+  int32_t l = a[0], h = c[0];
+  for (int k = 1; k < 8; ++k) l = a[k] < l ? a[k] : l, h = c[k] > h ? c[k] : h;
+  l = ordered(l), h = ordered(h);
+  std::memcpy(lo, &l, 4);
+  std::memcpy(hi, &h, 4);
+}
+
+// One tile of 8·A floats (A ≤ 8) held in registers throughout.
+template <int A>
+__attribute__((target("avx2"))) inline void encode_tile_regs(const float* x, int bits, float levels, uint8_t* out,
+                                                             float* meta, uint8_t* row) {
+  __m256 r[A];
+  for (int a = 0; a < A; ++a) r[a] = wht_in8(_mm256_loadu_ps(x + 8 * a));
+  for (int h = 1; h < A; h *= 2) {  // h registers = 8h elements
+    for (int i = 0; i < A; i += 2 * h) {
+      for (int a = i; a < i + h; ++a) {
+        const __m256 u = r[a], v = r[a + h];
+        r[a] = _mm256_add_ps(u, v), r[a + h] = _mm256_sub_ps(u, v);
+      }
+    }
+  }
+  const __m256 s = _mm256_set1_ps(1.0f / std::sqrt(static_cast<float>(8 * A)));
+  __m256i mn = _mm256_set1_epi32(0x7fffffff), mx = _mm256_set1_epi32(static_cast<int32_t>(0x80000000u));
+  for (int a = 0; a < A; ++a) {
+    r[a] = _mm256_mul_ps(r[a], s);
+    const __m256i k = ordered8(_mm256_castps_si256(r[a]));
+    mn = _mm256_min_epi32(mn, k), mx = _mm256_max_epi32(mx, k);
+  }
+  float lo, hi;
+  lanes_min_max(mn, mx, &lo, &hi);
+  const QuantGrid g = quant_grid(lo, hi, levels);
+  meta[0] = g.scale, meta[1] = g.offset;
+  const __m256 off = _mm256_set1_ps(g.offset), inv = _mm256_set1_ps(1.0f / g.safe), top = _mm256_set1_ps(levels);
+  for (int a = 0; a < A; ++a) store_codes8(quantize8(r[a], off, inv, top), bits, out + a * bits, row + 8 * a);
+  if (bits == 3) pack_tile(row, 8 * A, 3, out);
+}
+
+// A tile of any length (a multiple of 8) through a scratch buffer b[tile].
+__attribute__((target("avx2"))) void encode_tile_mem(const float* x, int64_t tile, int bits, float levels,
+                                                     uint8_t* out, float* meta, float* b, uint8_t* row) {
+  for (int64_t j = 0; j < tile; j += 8) _mm256_storeu_ps(b + j, wht_in8(_mm256_loadu_ps(x + j)));
+  wht_across(b, tile);
+  __m256i mn = _mm256_set1_epi32(0x7fffffff), mx = _mm256_set1_epi32(static_cast<int32_t>(0x80000000u));
+  for (int64_t j = 0; j < tile; j += 8) {
+    const __m256i k = ordered8(_mm256_castps_si256(_mm256_loadu_ps(b + j)));
+    mn = _mm256_min_epi32(mn, k), mx = _mm256_max_epi32(mx, k);
+  }
+  float lo, hi;
+  lanes_min_max(mn, mx, &lo, &hi);
+  const QuantGrid g = quant_grid(lo, hi, levels);
+  meta[0] = g.scale, meta[1] = g.offset;
+  const __m256 off = _mm256_set1_ps(g.offset), inv = _mm256_set1_ps(1.0f / g.safe), top = _mm256_set1_ps(levels);
+  for (int64_t j = 0; j < tile; j += 8) {
+    store_codes8(quantize8(_mm256_loadu_ps(b + j), off, inv, top), bits, out + j / 8 * bits, row + j);
+  }
+  if (bits == 3) pack_tile(row, tile, 3, out);
+}
+
+__attribute__((target("avx2"))) void hadamard_encode_avx2(const float* x, int64_t tiles, int64_t tile, int bits,
+                                                          uint8_t* codes, float* meta) {
+  const int64_t row_bytes = tile * bits / 8;
+  const float levels = static_cast<float>((1 << bits) - 1);
+  std::vector<float> b(static_cast<size_t>(tile));
+  std::vector<uint8_t> row(static_cast<size_t>(tile));
+  for (int64_t t = 0; t < tiles; ++t) {
+    const float* xt = x + t * tile;
+    uint8_t* out = codes + t * row_bytes;
+    float* mt = meta + 2 * t;
+    switch (tile) {
+      case 8: encode_tile_regs<1>(xt, bits, levels, out, mt, row.data()); break;
+      case 16: encode_tile_regs<2>(xt, bits, levels, out, mt, row.data()); break;
+      case 32: encode_tile_regs<4>(xt, bits, levels, out, mt, row.data()); break;
+      case 64: encode_tile_regs<8>(xt, bits, levels, out, mt, row.data()); break;
+      default: encode_tile_mem(xt, tile, bits, levels, out, mt, b.data(), row.data());
+    }
+  }
+}
+
+__attribute__((target("avx2"))) void hadamard_decode_avx2(const uint8_t* codes, const float* meta, int64_t tiles,
+                                                          int64_t tile, int bits, float* y) {
+  const int64_t row_bytes = tile * bits / 8;
+  std::vector<uint8_t> row(static_cast<size_t>(tile) + 8);
+  for (int64_t t = 0; t < tiles; ++t) {
+    unpack_tile(codes + t * row_bytes, tile, bits, row.data());
+    const __m256 scale = _mm256_set1_ps(meta[2 * t]), off = _mm256_set1_ps(meta[2 * t + 1]);
+    float* yt = y + t * tile;
+    for (int64_t j = 0; j < tile; j += 8) {
+      const __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(row.data() + j)));
+      const __m256 v = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q), scale), off);  // dequantize()
+      _mm256_storeu_ps(yt + j, wht_in8(v));
+    }
+    wht_across(yt, tile);
+  }
+}
+}  // namespace
+#endif
+
+void hadamard_encode_tiles(const float* x, int64_t tiles, int64_t tile, int bits, uint8_t* codes, float* meta) {
+#ifdef OPTCC_HADAMARD_AVX2
+  if (__builtin_cpu_supports("avx2")) return hadamard_encode_avx2(x, tiles, tile, bits, codes, meta);
+#endif
+  hadamard_encode_blocked(x, tiles, tile, bits, codes, meta);
+}
+
+void hadamard_decode_tiles(const uint8_t* codes, const float* meta, int64_t tiles, int64_t tile, int bits, float* y) {
+#ifdef OPTCC_HADAMARD_AVX2
+  if (__builtin_cpu_supports("avx2")) return hadamard_decode_avx2(codes, meta, tiles, tile, bits, y);
+#endif
+  hadamard_decode_blocked(codes, meta, tiles, tile, bits, y);
+}
+
 OPTCC_SIMD_CLONES void pack_nibbles(const uint8_t* q, int64_t n, uint8_t* out) {
   for (int64_t i = 0; i < n / 2; ++i) out[i] = static_cast<uint8_t>(q[2 * i] | (q[2 * i + 1] << 4));
 }

@@ -52,6 +52,28 @@ void pack_bits(const uint8_t* q, int64_t n, int bits, uint8_t* out);
 /// The inverse of pack_bits: q[0..n) from ⌈n·bits/8⌉ bytes.
 void unpack_bits(const uint8_t* p, int64_t n, int bits, uint8_t* q);
 
+/// One row's (or tile's) quantisation grid from its smallest and largest value (int8, int4 and
+/// hadamard codecs, codecs.h): scale = (hi − lo)/levels; safe = scale, or 1 for a constant row
+/// (every code 0); offset = −round_half_even(−lo/safe)·scale when lo < 0 < hi (0 on the grid), else lo.
+struct QuantGrid {
+  float scale, offset, safe;
+};
+QuantGrid quant_grid(float lo, float hi, float levels);
+
+/// The hadamard codec's encode of `tiles` tiles of `tile` floats (x[tiles·tile], tile a power of two
+/// ≥ 8, bits ∈ {3, 4, 8}): each tile rotated (hadamard_transform), given its grid (min_max, quant_grid),
+/// quantised to 2^bits − 1 levels (quantize) and packed (pack_bits) into codes[tiles · tile·bits/8];
+/// meta[2i, 2i+1] = tile i's {scale, offset}. Bit for bit what those per-tile calls give, with vector
+/// operations instead of loops over a few elements (the two paths below). Allocates O(16·tile) bytes.
+void hadamard_encode_tiles(const float* x, int64_t tiles, int64_t tile, int bits, uint8_t* codes, float* meta);
+/// Its inverse, as unpack_bits, dequantize and hadamard_transform per tile give it: y[tiles·tile].
+void hadamard_decode_tiles(const uint8_t* codes, const float* meta, int64_t tiles, int64_t tile, int bits, float* y);
+/// The two paths behind them, the same bytes out: on x86-64 CPUs with AVX2 (picked at run time) a tile
+/// at a time in registers of 8 floats (the butterflies of h = 1, 2, 4 as lane permutations); elsewhere
+/// 16 tiles at a time in a transposed block of plain loops. The portable one is declared for its test.
+void hadamard_encode_blocked(const float* x, int64_t tiles, int64_t tile, int bits, uint8_t* codes, float* meta);
+void hadamard_decode_blocked(const uint8_t* codes, const float* meta, int64_t tiles, int64_t tile, int bits, float* y);
+
 // ---- selection (topk) ----------------------------------------------------------------------------
 
 /// Indices of the k largest |x[i]| (0 ≤ k ≤ n), written to idx[0..k) in increasing index order.

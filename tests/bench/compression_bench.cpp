@@ -33,6 +33,10 @@
 //                                     small presets (models/presets.cpp), hidden = cols: qkv
 //                                     3h×h, proj h×h, fc1 4h×h, fc2 h×4h, embedding V×h with V =
 //                                     8064 (the 8k tokenizer padded to a multiple of 128).
+//   kernel/hadamard/{encode,decode}/fig14/<rows>x<cols>/{blocked,per_tile}
+//                                     the hadamard codec's host kernel (tile 64, 4 bits) as the codec
+//                                     runs it, 16 tiles per transposed block, and as the per-tile loops
+//                                     it replaced (same bytes out): the baseline, in the same run.
 //   reducer/<name>/reduce/fig14/<rows>x<cols>[/r<r>]
 //   reducer/<name>/reduce/<preset>/layer
 //   reducer/<name>/reduce/<preset>/embedding/<V>x<h>
@@ -131,6 +135,7 @@
 #include "compression/act_codec.h"
 #include "compression/grad_reducer.h"
 #include "compression/orthogonalize.h"
+#include "compression/raw_loops.h"
 #include "kernels/thin_gemm.h"
 #include "kernels/gemm.h"
 #include "compression/registry.h"
@@ -423,6 +428,55 @@ PresetShapes preset_shapes(const std::string& preset) {
   return s;
 }
 
+// --- the hadamard codec's kernel, blocked against per tile -----------------------------------------
+
+/// kernels::hadamard_encode_tiles / hadamard_decode_tiles (16 tiles per transposed block, what the codec
+/// runs) against the per-tile loops they replaced (hadamard_transform, min_max, quant_grid, quantize,
+/// pack_bits per tile; unpack_bits, dequantize, hadamard_transform back), which give the same bytes: the
+/// baseline of the same run. Raw pointers, no tensor overhead; tile 64, 4 bits; bytes: the fp32 slice.
+void bm_hadamard_kernel(benchmark::State& state, int64_t rows, int64_t cols, bool encode, bool blocked) {
+  constexpr int64_t tile = 64;
+  constexpr int bits = 4;
+  const int64_t n = rows * cols, tiles = n / tile, row_bytes = tile * bits / 8;
+  auto gen = at::detail::createCPUGenerator(97);
+  const auto x = torch::randn({n}, gen, torch::kFloat);
+  std::vector<uint8_t> codes(tiles * row_bytes), q(tile);
+  std::vector<float> meta(2 * tiles), y(n), scratch(tile);
+  const float levels = (1 << bits) - 1;
+  auto per_tile_encode = [&] {
+    for (int64_t i = 0; i < tiles; ++i) {
+      std::copy(x.data_ptr<float>() + i * tile, x.data_ptr<float>() + (i + 1) * tile, scratch.begin());
+      optcc::kernels::hadamard_transform(scratch.data(), tile);
+      float lo, hi;
+      optcc::kernels::min_max(scratch.data(), tile, &lo, &hi);
+      const auto g = optcc::kernels::quant_grid(lo, hi, levels);
+      meta[2 * i] = g.scale, meta[2 * i + 1] = g.offset;
+      optcc::kernels::quantize(scratch.data(), tile, g.offset, 1.0f / g.safe, levels, q.data());
+      optcc::kernels::pack_bits(q.data(), tile, bits, codes.data() + i * row_bytes);
+    }
+  };
+  optcc::kernels::hadamard_encode_tiles(x.data_ptr<float>(), tiles, tile, bits, codes.data(), meta.data());
+  for (auto _ : state) {
+    if (encode && blocked) {
+      optcc::kernels::hadamard_encode_tiles(x.data_ptr<float>(), tiles, tile, bits, codes.data(), meta.data());
+    } else if (encode) {
+      per_tile_encode();
+    } else if (blocked) {
+      optcc::kernels::hadamard_decode_tiles(codes.data(), meta.data(), tiles, tile, bits, y.data());
+    } else {
+      for (int64_t i = 0; i < tiles; ++i) {
+        optcc::kernels::unpack_bits(codes.data() + i * row_bytes, tile, bits, q.data());
+        optcc::kernels::dequantize(q.data(), tile, meta[2 * i], meta[2 * i + 1], y.data() + i * tile);
+        optcc::kernels::hadamard_transform(y.data() + i * tile, tile);
+      }
+    }
+    benchmark::DoNotOptimize(codes.data());
+    benchmark::DoNotOptimize(y.data());
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(state.iterations() * n * 4);
+}
+
 // --- the low-rank products, kernel against library -------------------------------------------------
 
 /// One of the three products of a low-rank compressor on a Fig. 14 slice M [rows, cols] at rank r
@@ -505,6 +559,18 @@ void register_all() {
         const int64_t rows = shape.first, cols = shape.second;
         add(fmt::format("gemm/{}/fig14/{}/r16/{}", product, shape_name(rows, cols), how),
             [=](benchmark::State& st) { bm_lowrank_product(st, rows, cols, 16, product, how); });
+      }
+    }
+  }
+  if (!g_cuda) {  // host kernels
+    for (const auto& shape : kFig14) {
+      for (bool encode : {true, false}) {
+        for (bool blocked : {true, false}) {
+          const int64_t rows = shape.first, cols = shape.second;
+          add(fmt::format("kernel/hadamard/{}/fig14/{}/{}", encode ? "encode" : "decode", shape_name(rows, cols),
+                          blocked ? "blocked" : "per_tile"),
+              [=](benchmark::State& st) { bm_hadamard_kernel(st, rows, cols, encode, blocked); });
+        }
       }
     }
   }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <iostream>
 #include <limits>
@@ -273,6 +274,60 @@ TEST(HadamardCodec, BitPackingLaysCodesOutLeastSignificantBitFirst) {
       kernels::pack_bits(q.data(), n, bits, packed.data());
       kernels::unpack_bits(packed.data(), n, bits, back.data());
       EXPECT_EQ(back, q) << bits << " bits, n " << n;
+    }
+  }
+}
+
+// hadamard_encode_tiles / hadamard_decode_tiles (AVX2 registers here) and their portable form (16 tiles
+// per transposed block) give, bit for bit, what the per-tile loops give: rotation, min_max, quant_grid, quantize, pack_bits, and back. Tile counts
+// around the block of 16, constant and zero tiles, spikes, and a tile holding inf and NaN.
+TEST(HadamardCodec, BlockedKernelsEqualThePerTileLoopsBitForBit) {
+  for (const int bits : {3, 4, 8}) {
+    for (const int64_t tile : {8, 64, 256}) {
+      for (const int64_t tiles : {1, 15, 16, 17, 40}) {
+        SCOPED_TRACE(fmt::format("bits {} tile {} tiles {}", bits, tile, tiles));
+        auto x = randn({tiles * tile}, 62 + tiles) * 3.0f;
+        float* px = x.data_ptr<float>();
+        if (tiles > 2) {
+          std::fill(px + tile, px + 2 * tile, 1.5f);  // a constant tile
+          std::fill(px + 2 * tile, px + 3 * tile, 0.0f);  // a zero tile
+          px[tile / 2] = 1e6f;  // a spike
+        }
+        if (tiles > 16) px[16 * tile + 3] = std::numeric_limits<float>::infinity(), px[16 * tile + 5] = NAN;
+        const int64_t row_bytes = tile * bits / 8;
+        const float levels = static_cast<float>((1 << bits) - 1);
+        std::vector<uint8_t> want_codes(tiles * row_bytes), codes(tiles * row_bytes, 0xaa), q(tile);
+        std::vector<float> want_meta(2 * tiles), meta(2 * tiles, -1.0f), y(tile);
+        for (int64_t i = 0; i < tiles; ++i) {
+          std::copy(px + i * tile, px + (i + 1) * tile, y.begin());
+          kernels::hadamard_transform(y.data(), tile);
+          float lo, hi;
+          kernels::min_max(y.data(), tile, &lo, &hi);
+          const kernels::QuantGrid g = kernels::quant_grid(lo, hi, levels);
+          want_meta[2 * i] = g.scale, want_meta[2 * i + 1] = g.offset;
+          kernels::quantize(y.data(), tile, g.offset, 1.0f / g.safe, levels, q.data());
+          kernels::pack_bits(q.data(), tile, bits, want_codes.data() + i * row_bytes);
+        }
+        kernels::hadamard_encode_tiles(px, tiles, tile, bits, codes.data(), meta.data());
+        EXPECT_EQ(codes, want_codes);
+        EXPECT_EQ(0, std::memcmp(meta.data(), want_meta.data(), meta.size() * 4));  // NaN-proof: the bits
+        std::vector<uint8_t> codes2(codes.size(), 0x55);  // the portable path (the one without AVX2)
+        std::vector<float> meta2(meta.size(), -2.0f);
+        kernels::hadamard_encode_blocked(px, tiles, tile, bits, codes2.data(), meta2.data());
+        EXPECT_EQ(codes2, want_codes);
+        EXPECT_EQ(0, std::memcmp(meta2.data(), want_meta.data(), meta.size() * 4));
+        std::vector<float> want_y(tiles * tile), back(tiles * tile, -7.0f);
+        for (int64_t i = 0; i < tiles; ++i) {
+          kernels::unpack_bits(want_codes.data() + i * row_bytes, tile, bits, q.data());
+          kernels::dequantize(q.data(), tile, want_meta[2 * i], want_meta[2 * i + 1], want_y.data() + i * tile);
+          kernels::hadamard_transform(want_y.data() + i * tile, tile);
+        }
+        kernels::hadamard_decode_tiles(codes.data(), meta.data(), tiles, tile, bits, back.data());
+        EXPECT_EQ(0, std::memcmp(back.data(), want_y.data(), back.size() * 4));
+        std::fill(back.begin(), back.end(), -7.0f);
+        kernels::hadamard_decode_blocked(codes.data(), meta.data(), tiles, tile, bits, back.data());
+        EXPECT_EQ(0, std::memcmp(back.data(), want_y.data(), back.size() * 4));
+      }
     }
   }
 }
