@@ -51,6 +51,11 @@ class Settings:
         return os.path.normpath(self.results) != "results"
 
 
+def count(n, noun):
+    """'1 run', '2 runs'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def fail(message):
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
@@ -234,7 +239,8 @@ def bind_set_where(runs, extra, experiment):
             hits += hit
         if not hits:
             fail(f"--set-where {term} {kv}: no run of {experiment} has {term} (`optcc sweep {experiment}` lists them)")
-        print(f"# --set-where {term} {kv}: {hits} of {len(runs)} runs", flush=True)
+        print(f"# --set-where {term} {kv}: {hits} of the experiment's {count(len(runs), 'run')} (before --only)",
+              flush=True)
         i += 3
 
 

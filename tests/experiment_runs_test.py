@@ -90,7 +90,7 @@ class RunnerRulesTest(unittest.TestCase):
         er.check_extra(extra)
         with contextlib.redirect_stdout(io.StringIO()) as out:
             er.bind_set_where(self.runs, extra, "exp.yaml")
-        self.assertIn("# --set-where variant=lazy-r16,lazy-r64 model.x=1: 2 of 4 runs", out.getvalue())
+        self.assertIn("# --set-where variant=lazy-r16,lazy-r64 model.x=1: 2 of the experiment's 4 runs", out.getvalue())
         own = {r.name: r.own_extra(extra) for r in self.runs}
         self.assertEqual(own["baseline-seed1"], ["--set", "train.train_steps=20"])
         self.assertEqual(own["lazy-r16-seed1"], ["--set", "train.train_steps=20", "--set", "model.x=1"])

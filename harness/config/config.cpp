@@ -304,7 +304,8 @@ void refuse_diloco_keys_under_allreduce(const Config& c) {
   });
   if (!changed.empty()) {
     fail("diloco." + changed, value, "is only read when compression.dp_strategy is diloco (it is allreduce)",
-         "set compression.dp_strategy: diloco, or remove the diloco: section");
+         "set compression.dp_strategy: diloco, or remove the diloco: section (or the --set); in an experiment, "
+         "`--set-where AXIS=VALUE diloco.KEY=V` gives the key only to the runs that read it (docs/experiments.md)");
   }
 }
 
