@@ -199,6 +199,84 @@ void fill_on_host(torch::Tensor& out, F fill) {
   out.copy_(host);
 }
 
+// --- the ATen forms (any device) -------------------------------------------------------------------
+// The same operations as the CPU loops, in tensor form: each is an IEEE single-precision operation
+// (sub, mul, div, round half to even) that rounds the same on every device, so payloads agree bit for bit.
+
+/// kernels::min_max per row of a contiguous fp32 [rows, n]: min and max of the ordered-integer image
+/// (raw_loops.cpp), mapped back to floats.
+std::pair<torch::Tensor, torch::Tensor> rows_min_max(const torch::Tensor& x) {
+  const auto k = x.view(torch::kInt);
+  const auto ord = torch::bitwise_xor(k, torch::bitwise_and(k.__rshift__(31), 0x7fffffff));
+  auto back = [](const torch::Tensor& m) {
+    return torch::bitwise_xor(m, torch::bitwise_and(m.__rshift__(31), 0x7fffffff)).view(torch::kFloat);
+  };
+  return {back(std::get<0>(ord.min(1))), back(std::get<0>(ord.max(1)))};
+}
+
+/// kernels::quant_grid and kernels::quantize per row: codes (uint8 [rows, n]) and meta [rows, 2] =
+/// {scale, offset}.
+std::pair<torch::Tensor, torch::Tensor> quantize_rows(const torch::Tensor& x, float levels) {
+  const auto [mn, mx] = rows_min_max(x);
+  const auto scale = (mx - mn) / levels;
+  const auto safe = torch::where(scale > 0, scale, torch::ones_like(scale));  // constant row: q = 0
+  const auto offset = torch::where(torch::logical_and(mn < 0, mx > 0), -(torch::round(-mn / safe) * scale), mn);
+  const auto inv = torch::ones_like(safe) / safe;
+  auto v = (x - offset.unsqueeze(1)) * inv.unsqueeze(1);
+  v = torch::where(v > 0, v, torch::zeros_like(v));  // NaN -> 0, as quantize()
+  v = torch::where(v < levels, v, torch::full_like(v, levels));
+  return {torch::round(v).to(torch::kByte), torch::stack({scale, offset}, 1)};
+}
+
+/// kernels::dequantize per row: codes [rows, n] -> fp32 with each row's {scale, offset}.
+torch::Tensor dequantize_rows(const torch::Tensor& q, const torch::Tensor& meta) {
+  return q.to(torch::kFloat) * meta.select(1, 0).unsqueeze(1) + meta.select(1, 1).unsqueeze(1);
+}
+
+/// Flat codes (< 16) two per byte, element 2i in the low nibble (a zero pads an odd count).
+torch::Tensor pack_nibbles_aten(const torch::Tensor& q) {
+  auto flat = q.reshape({-1});
+  if (flat.numel() % 2) flat = torch::cat({flat, torch::zeros({1}, flat.options())});
+  const auto pairs = flat.view({-1, 2});
+  return torch::bitwise_or(pairs.select(1, 0), pairs.select(1, 1).__lshift__(4));
+}
+
+/// The inverse: the first n codes.
+torch::Tensor unpack_nibbles_aten(const torch::Tensor& p, int64_t n) {
+  return torch::stack({torch::bitwise_and(p, 15), p.__rshift__(4)}, 1).reshape({-1}).narrow(0, 0, n);
+}
+
+/// Flat 3-bit codes, eight in three bytes, least significant bit first (kernels::pack_bits; count % 8 == 0).
+torch::Tensor pack_triples_aten(const torch::Tensor& q) {
+  const auto c = q.reshape({-1, 8}).to(torch::kInt);
+  auto v = torch::zeros({c.size(0)}, c.options());
+  for (int m = 0; m < 8; ++m) v = torch::bitwise_or(v, c.select(1, m).__lshift__(3 * m));
+  return torch::stack({torch::bitwise_and(v, 255), torch::bitwise_and(v.__rshift__(8), 255), v.__rshift__(16)}, 1)
+      .reshape({-1})
+      .to(torch::kByte);
+}
+
+torch::Tensor unpack_triples_aten(const torch::Tensor& p) {
+  const auto b = p.reshape({-1, 3}).to(torch::kInt);
+  const auto v = torch::bitwise_or(torch::bitwise_or(b.select(1, 0), b.select(1, 1).__lshift__(8)),
+                                   b.select(1, 2).__lshift__(16));
+  std::vector<torch::Tensor> codes;
+  for (int m = 0; m < 8; ++m) codes.push_back(torch::bitwise_and(v.__rshift__(3 * m), 7));
+  return torch::stack(codes, 1).reshape({-1}).to(torch::kByte);
+}
+
+/// kernels::hadamard_transform on each row of [rows, n] (n a power of two): the butterflies of h = 1, 2,
+/// ..., n/2, each u + v and u − v of the same pairs, then the multiplication by 1/√n.
+torch::Tensor hadamard_rows_aten(torch::Tensor x) {
+  const int64_t rows = x.size(0), n = x.size(1);
+  for (int64_t h = 1; h < n; h *= 2) {
+    const auto y = x.view({rows, n / (2 * h), 2, h});
+    const auto u = y.select(2, 0), v = y.select(2, 1);
+    x = torch::stack({u + v, u - v}, 2).view({rows, n});
+  }
+  return x * (1.0f / std::sqrt(static_cast<float>(n)));
+}
+
 /// int4 packing across rows: element 2i in the low nibble of byte i, whatever the row width.
 class NibbleWriter {
  public:
@@ -233,9 +311,24 @@ void dequantize_int4(const uint8_t* packed, int64_t first, int64_t n, float scal
 
 }  // namespace
 
-Payload QuantCodec::encode_impl(const torch::Tensor& x) {
+Payload QuantCodec::encode_aten(const torch::Tensor& x) const {
   const int64_t numel = x.numel(), n = rows(numel);
-  const auto host = x.to(torch::kCPU).contiguous();  // CPU loops; other devices go through a copy
+  auto [q, meta] = quantize_rows(x.to(torch::kFloat).contiguous().view({n, hidden_}), static_cast<float>((1 << bits_) - 1));
+  if (bits_ == 4) q = pack_nibbles_aten(q);
+  return {{q, meta}};
+}
+
+void QuantCodec::decode_aten(const Payload& p, torch::Tensor& out) const {
+  const auto& meta = p.parts[1];
+  const int64_t n = meta.size(0);
+  const auto q = bits_ == 8 ? p.parts[0].view({n, hidden_}) : unpack_nibbles_aten(p.parts[0], n * hidden_).view({n, hidden_});
+  out.copy_(dequantize_rows(q, meta).view(out.sizes()));
+}
+
+Payload QuantCodec::encode_impl(const torch::Tensor& x) {
+  if (!x.is_cpu()) return encode_aten(x);  // on its device, no host copy
+  const int64_t numel = x.numel(), n = rows(numel);
+  const auto host = x.contiguous();  // the CPU loops
   const auto shapes = wire_shapes(numel);
   auto q = torch::empty(shapes[0], torch::kByte);
   auto meta = torch::empty({n, 2}, torch::kFloat);  // {scale, lo} per row
@@ -253,10 +346,11 @@ Payload QuantCodec::encode_impl(const torch::Tensor& x) {
     if (bits_ == 4) nibbles.write(row.data(), hidden_);
   }
   nibbles.finish();
-  return {{q.to(x.device()), meta.to(x.device())}};
+  return {{q, meta}};
 }
 
 void QuantCodec::decode_impl(const Payload& p, torch::Tensor& out) const {
+  if (!out.is_cpu()) return decode_aten(p, out);
   const auto q = p.parts[0].to(torch::kCPU).contiguous();
   const auto meta = p.parts[1].to(torch::kCPU).contiguous();
   fill_on_host(out, [&](torch::Tensor& y) {
@@ -307,18 +401,37 @@ CommStep HadamardCodec::decode_arithmetic(int64_t numel) const {
   return arithmetic_step(name(), double(numel) * (std::log2(double(tile_)) + 1.0), 8.0 * double(numel), "decode");
 }
 
+Payload HadamardCodec::encode_aten(const torch::Tensor& x) const {
+  const int64_t t = tiles(x.numel());
+  const auto y = hadamard_rows_aten(x.to(torch::kFloat).contiguous().view({t, tile_}));
+  auto [q, meta] = quantize_rows(y, static_cast<float>((1 << bits_) - 1));
+  q = bits_ == 8 ? q : bits_ == 4 ? pack_nibbles_aten(q) : pack_triples_aten(q);
+  return {{q.view({t, tile_ * bits_ / 8}), meta}};
+}
+
+void HadamardCodec::decode_aten(const Payload& p, torch::Tensor& out) const {
+  const auto& meta = p.parts[1];
+  const int64_t t = meta.size(0);
+  const auto& packed = p.parts[0];
+  const auto q = bits_ == 8 ? packed : bits_ == 4 ? unpack_nibbles_aten(packed.reshape({-1}), t * tile_)
+                                                  : unpack_triples_aten(packed);
+  out.copy_(hadamard_rows_aten(dequantize_rows(q.reshape({t, tile_}), meta)).view(out.sizes()));
+}
+
 Payload HadamardCodec::encode_impl(const torch::Tensor& x) {
+  if (!x.is_cpu()) return encode_aten(x);  // on its device, no host copy
   const int64_t numel = x.numel(), t = tiles(numel), row_bytes = tile_ * bits_ / 8;
-  const auto host = x.to(torch::kCPU).contiguous();
+  const auto host = x.contiguous();
   auto q = torch::empty({t, row_bytes}, torch::kByte);
   auto meta = torch::empty({t, 2}, torch::kFloat);  // {scale, lo} per tile
   // 16 tiles at a time (raw_loops.h): the per-tile rotation, grid, quantisation and packing, bit for bit
   kernels::hadamard_encode_tiles(host.data_ptr<float>(), t, tile_, bits_, q.data_ptr<uint8_t>(),
                                  meta.data_ptr<float>());
-  return {{q.to(x.device()), meta.to(x.device())}};
+  return {{q, meta}};
 }
 
 void HadamardCodec::decode_impl(const Payload& p, torch::Tensor& out) const {
+  if (!out.is_cpu()) return decode_aten(p, out);
   const auto q = p.parts[0].to(torch::kCPU).contiguous();
   const auto meta = p.parts[1].to(torch::kCPU).contiguous();
   fill_on_host(out, [&](torch::Tensor& y) {

@@ -55,8 +55,9 @@
 //            ≤ ‖x_tile‖, hence ‖error‖ ≤ ‖x‖ (plus fp32 rounding of the two rotations). The
 //            rotation spreads one large element over the whole tile, so the scale follows the
 //            tile's norm (≤ 2‖x_tile‖/levels) instead of its largest element.
-// int8, int4, hadamard and topk run raw loops on the CPU (raw_loops.h); parts on another device go
-// through host copies.
+// int8, int4, hadamard and topk run raw loops on CPU tensors (raw_loops.h). On another device (a GPU)
+// int8, int4 and hadamard run their ATen form (encode_aten / decode_aten: tensor operations on that
+// device, the same payload bytes bit for bit); topk still goes through host copies.
 #pragma once
 
 #include "compression/act_codec.h"
@@ -137,6 +138,12 @@ class QuantCodec : public ActCodec {
   torch::ScalarType wire_dtype() const override { return torch::kByte; }
   std::vector<torch::ScalarType> wire_dtypes(int64_t numel) const override;
   std::unique_ptr<ActCodec> clone() const override { return std::make_unique<QuantCodec>(*this); }
+  /// The ATen form of encode and decode: what runs for a tensor on another device (a GPU), in tensor
+  /// operations on that device, no host copy. The same payload bytes and decoded values as the CPU
+  /// loops, bit for bit (min/max on the floats' ordered-integer image, the same grid, clamps and
+  /// half-to-even rounding); public so that a CPU test can hold the two to that.
+  Payload encode_aten(const torch::Tensor& x) const;
+  void decode_aten(const Payload& p, torch::Tensor& out) const;
 
  protected:
   Payload encode_impl(const torch::Tensor& x) override;
@@ -161,6 +168,10 @@ class HadamardCodec : public ActCodec {
   CommStep encode_arithmetic(int64_t numel, bool with_error) const override;
   CommStep decode_arithmetic(int64_t numel) const override;
   std::unique_ptr<ActCodec> clone() const override { return std::make_unique<HadamardCodec>(*this); }
+  /// The ATen form (as QuantCodec's): the butterflies as tensor operations in hadamard_transform's order,
+  /// so the payload and the decode equal the CPU kernel's bit for bit.
+  Payload encode_aten(const torch::Tensor& x) const;
+  void decode_aten(const Payload& p, torch::Tensor& out) const;
   int bits() const { return bits_; }
   int64_t tile() const { return tile_; }
 

@@ -5,8 +5,9 @@
 // each timed iteration ends and reports wall time (UseRealTime); the memory bandwidth and
 // sgemm_1024 context lines are then the GPU's, timed the same way. On CUDA only the ATen path of
 // the low-rank products applies (thin and mm_f32_out are CPU kernels that hand CUDA tensors to
-// ATen), so gemm/ registers `aten` and `fill` only; int8, int4 and topk encode/decode and the
-// element-wise reducers run their CPU loops through host copies (as in a CUDA run). Without a
+// ATen), so gemm/ registers `aten` and `fill` only; int8, int4 and hadamard run their ATen form
+// on the device (codecs.h), while topk and the element-wise reducers run their CPU loops through
+// host copies (as in a CUDA run). Without a
 // usable GPU every benchmark is skipped with the reason and the program exits 1. Unset (or cpu):
 // the CPU benchmarks below, unchanged.
 //

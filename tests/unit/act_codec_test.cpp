@@ -332,6 +332,59 @@ TEST(HadamardCodec, BlockedKernelsEqualThePerTileLoopsBitForBit) {
   }
 }
 
+// The ATen form (what a GPU tensor runs) on CPU tensors: the same payload bytes and the same decoded
+// floats as the CPU loops, bit for bit, including rows that are constant, zero, hold a spike, −0, ±inf
+// or NaN, and an odd hidden (int4 nibbles across rows).
+TEST(CodecAtenForm, EqualsTheCpuLoopsBitForBit) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"int8", "{hidden: 48}"}, {"int4", "{hidden: 48}"}, {"int4", "{hidden: 7}"}, {"int8", "{hidden: 7}"},
+      {"hadamard", "{hidden: 48, tile: 16, bits: 3}"}, {"hadamard", "{hidden: 48, tile: 16, bits: 4}"},
+      {"hadamard", "{hidden: 48, tile: 8, bits: 8}"}, {"hadamard", "{hidden: 128, tile: 64, bits: 4}"}};
+  for (const auto& [name, o] : cases) {
+    SCOPED_TRACE(name + " " + o);
+    const int64_t hidden = YAML::Load(o)["hidden"].as<int64_t>(), rows = 9;
+    auto x = randn({rows, hidden}, 63) * 2.0f;
+    x[1].fill_(0.75f);                                 // constant
+    x[2].zero_();                                      // zero
+    x[3][hidden / 2] = 3e5f;                           // a spike
+    x[4][0] = -0.0f;
+    x[5][1] = std::numeric_limits<float>::infinity();  // inf and NaN in later rows
+    x[6][2] = -std::numeric_limits<float>::infinity();
+    x[7][hidden - 1] = NAN;
+    x = x.reshape({-1});
+    auto codec = make_act_codec(name, opts(o));
+    const Payload loops = codec->encode(x);
+    Payload aten;
+    torch::Tensor from_loops = torch::empty({x.numel()}), from_aten = torch::full({x.numel()}, -5.0f);
+    codec->decode_into(loops, x.numel(), from_loops);
+    if (auto* q = dynamic_cast<QuantCodec*>(codec.get())) {
+      aten = q->encode_aten(x);
+      q->decode_aten(loops, from_aten);
+    } else {
+      auto* h = dynamic_cast<HadamardCodec*>(codec.get());
+      ASSERT_NE(h, nullptr);
+      aten = h->encode_aten(x);
+      h->decode_aten(loops, from_aten);
+    }
+    ASSERT_EQ(aten.parts.size(), loops.parts.size());
+    for (size_t i = 0; i < loops.parts.size(); ++i) {
+      ASSERT_EQ(aten.parts[i].sizes(), loops.parts[i].sizes()) << "part " << i;
+      ASSERT_EQ(aten.parts[i].scalar_type(), loops.parts[i].scalar_type()) << "part " << i;
+      const auto a = aten.parts[i].contiguous(), b = loops.parts[i].contiguous();
+      EXPECT_EQ(0, std::memcmp(a.data_ptr(), b.data_ptr(), b.numel() * b.element_size())) << "part " << i;
+    }
+    // Decoded floats: the same bits, or both NaN (a NaN's sign bit depends on the order of a product's
+    // operands, which is the library's; the payload above, integers and the tiles' fp32 grid, is exact).
+    const auto diff = torch::nonzero(torch::logical_and(from_aten.view(torch::kInt) != from_loops.view(torch::kInt),
+                                                        torch::logical_not(torch::logical_and(from_aten.isnan(),
+                                                                                              from_loops.isnan()))));
+    EXPECT_EQ(diff.numel(), 0) << "decode differs at " << diff.numel() << " elements, first "
+                               << (diff.numel() ? diff[0].item<int64_t>() : -1) << ": "
+                               << (diff.numel() ? from_aten[diff[0].item<int64_t>()].item<float>() : 0.f) << " against "
+                               << (diff.numel() ? from_loops[diff[0].item<int64_t>()].item<float>() : 0.f);
+  }
+}
+
 // Per tile, the error is the rotated error rotated back: ‖error_tile‖ ≤ √tile·scale/2 with the
 // tile's scale from the payload, and ≤ ‖x_tile‖; the wire carries tile·bits/8 code bytes and two
 // fp32 per tile; the receiver needs only the options.
