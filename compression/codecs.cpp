@@ -457,7 +457,32 @@ std::vector<torch::ScalarType> TopKCodec::wire_dtypes(int64_t) const {
   return {torch::kFloat, torch::kLong};
 }
 
+Payload TopKCodec::encode_aten(const torch::Tensor& x) const {
+  const auto flat = x.to(torch::kFloat).contiguous().view({-1});
+  const int64_t n = flat.numel(), k = k_for(n);
+  // |x| as its bits (a non-negative float's bits order as the float; every NaN as one quiet NaN, above +inf)
+  const auto mag = torch::where(flat.isnan(), torch::full_like(flat, std::numeric_limits<float>::quiet_NaN()),
+                                flat.abs()).view(torch::kInt).to(torch::kLong);
+  const auto index = torch::arange(n, flat.options().dtype(torch::kLong));
+  const auto key = mag * (int64_t{1} << 32) + ((int64_t{1} << 32) - 1 - index);  // ties: the smaller index wins
+  const auto top = std::get<1>(torch::topk(key, k, 0, /*largest=*/true, /*sorted=*/false));
+  const auto idx = std::get<0>(torch::sort(top));  // increasing index order
+  return {{flat.index_select(0, idx), idx}};
+}
+
+void TopKCodec::decode_aten(const Payload& p, torch::Tensor& out) const {
+  const auto& idx = p.parts[1];
+  const int64_t n = out.numel();
+  if (idx.numel() > 0 && torch::logical_or(idx < 0, idx >= n).any().item<bool>()) {
+    const auto bad = idx.masked_select(torch::logical_or(idx < 0, idx >= n))[0].item<int64_t>();
+    throw std::invalid_argument(fmt::format("topk codec: payload index {} is outside [0, {})", bad, n));
+  }
+  out.zero_();
+  out.view({-1}).index_copy_(0, idx, p.parts[0].to(out.scalar_type()));
+}
+
 Payload TopKCodec::encode_impl(const torch::Tensor& x) {
+  if (!x.is_cpu()) return encode_aten(x);  // on its device, no host copy
   const auto host = x.to(torch::kCPU).contiguous();
   const int64_t n = host.numel(), k = k_for(n);
   auto idx = torch::empty({k}, torch::kLong);  // increasing index order
@@ -471,6 +496,7 @@ Payload TopKCodec::encode_impl(const torch::Tensor& x) {
 }
 
 void TopKCodec::decode_impl(const Payload& p, torch::Tensor& out) const {
+  if (!out.is_cpu()) return decode_aten(p, out);
   const auto values = p.parts[0].to(torch::kCPU).contiguous();
   const auto idx = p.parts[1].to(torch::kCPU).contiguous();
   fill_on_host(out, [&](torch::Tensor& y) {

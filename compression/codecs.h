@@ -57,7 +57,7 @@
 //            tile's norm (≤ 2‖x_tile‖/levels) instead of its largest element.
 // int8, int4, hadamard and topk run raw loops on CPU tensors (raw_loops.h). On another device (a GPU)
 // int8, int4 and hadamard run their ATen form (encode_aten / decode_aten: tensor operations on that
-// device, the same payload bytes bit for bit); topk still goes through host copies.
+// device, the same payload bytes bit for bit), and so does topk.
 #pragma once
 
 #include "compression/act_codec.h"
@@ -196,6 +196,12 @@ class TopKCodec : public ActCodec {
   std::vector<torch::ScalarType> wire_dtypes(int64_t) const override;
   int64_t k_for(int64_t numel) const;
   std::unique_ptr<ActCodec> clone() const override { return std::make_unique<TopKCodec>(*this); }
+  /// The ATen form (as QuantCodec's): the k largest of the keys |x|'s bits · 2³² + (2³² − 1 − index), NaN
+  /// as the largest magnitude, so ties go to the smallest indices as in the CPU selection; the same
+  /// payload bit for bit, no host synchronisation in the encode (the decode reads one flag: an index
+  /// outside [0, numel) throws std::invalid_argument, as on the CPU).
+  Payload encode_aten(const torch::Tensor& x) const;
+  void decode_aten(const Payload& p, torch::Tensor& out) const;
 
  protected:
   Payload encode_impl(const torch::Tensor& x) override;

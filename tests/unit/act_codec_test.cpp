@@ -334,17 +334,19 @@ TEST(HadamardCodec, BlockedKernelsEqualThePerTileLoopsBitForBit) {
 
 // The ATen form (what a GPU tensor runs) on CPU tensors: the same payload bytes and the same decoded
 // floats as the CPU loops, bit for bit, including rows that are constant, zero, hold a spike, −0, ±inf
-// or NaN, and an odd hidden (int4 nibbles across rows).
+// or NaN, an odd hidden (int4 nibbles across rows), and top-k ties (the constant row) and NaN.
 TEST(CodecAtenForm, EqualsTheCpuLoopsBitForBit) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"int8", "{hidden: 48}"}, {"int4", "{hidden: 48}"}, {"int4", "{hidden: 7}"}, {"int8", "{hidden: 7}"},
       {"hadamard", "{hidden: 48, tile: 16, bits: 3}"}, {"hadamard", "{hidden: 48, tile: 16, bits: 4}"},
-      {"hadamard", "{hidden: 48, tile: 8, bits: 8}"}, {"hadamard", "{hidden: 128, tile: 64, bits: 4}"}};
+      {"hadamard", "{hidden: 48, tile: 8, bits: 8}"}, {"hadamard", "{hidden: 128, tile: 64, bits: 4}"},
+      {"topk", "{fraction: 0.1}"}, {"topk", "{count: 30}"}};  // 30: the threshold falls inside the tied row
   for (const auto& [name, o] : cases) {
     SCOPED_TRACE(name + " " + o);
-    const int64_t hidden = YAML::Load(o)["hidden"].as<int64_t>(), rows = 9;
+    const auto yaml = YAML::Load(o);
+    const int64_t hidden = yaml["hidden"] ? yaml["hidden"].as<int64_t>() : 48, rows = 9;
     auto x = randn({rows, hidden}, 63) * 2.0f;
-    x[1].fill_(0.75f);                                 // constant
+    x[1].fill_(5.0f);  // constant, and for topk 48 ties above nearly every random value
     x[2].zero_();                                      // zero
     x[3][hidden / 2] = 3e5f;                           // a spike
     x[4][0] = -0.0f;
@@ -360,6 +362,9 @@ TEST(CodecAtenForm, EqualsTheCpuLoopsBitForBit) {
     if (auto* q = dynamic_cast<QuantCodec*>(codec.get())) {
       aten = q->encode_aten(x);
       q->decode_aten(loops, from_aten);
+    } else if (auto* t = dynamic_cast<TopKCodec*>(codec.get())) {
+      aten = t->encode_aten(x);
+      t->decode_aten(loops, from_aten);
     } else {
       auto* h = dynamic_cast<HadamardCodec*>(codec.get());
       ASSERT_NE(h, nullptr);
