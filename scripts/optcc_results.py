@@ -418,12 +418,16 @@ class Run:
     def bytes_per_step(self, window=20):
         """{class: bytes all ranks sent per training step}, mean over the last `window` recorded steps
         after the first (steady state: PowerSGD warm-up and SC calibration are over); under DiLoCo the
-        window is rounded up to whole periods (outer_period), which hold each fragment's sync once;
+        window is whole periods (outer_period), which hold each fragment's sync once: `window` rounded
+        up to them, or as many as the steps after the first hold when the run is shorter (a 20-step
+        trial at H = 12: steps 9..20, one sync, not steps 2..20);
         {} without /traffic rows."""
         last = self.last_step
         period = self.outer_period()
         if period:
             window = period * -(-window // period)
+            if last - window + 1 < 2 and (last - 1) // period >= 1:  # too short: the whole periods after step 1
+                window = period * ((last - 1) // period)
         t = self.table("traffic", since=max(2, last - window + 1))
         if not t or not len(t["step"]):
             return {}

@@ -114,7 +114,7 @@ def attrs_of(scheme, seed, run, start, first_step=0):
 
 
 def diloco_and_allreduce_runs(root, rows_of_step, train=None):
-    """Two 40-step runs under root/d with the same rows (rows_of_step(step, rows) appends a step's), one with
+    """Two 40-step runs (or train["train_steps"]) under root/d with the same rows (rows_of_step(step, rows) appends a step's), one with
     dp_strategy diloco (H 16), one allreduce, read back: {run name: optcc_results.Run}."""
     import optcc_results as R
     os.makedirs(os.path.join(root, "d"))
@@ -126,7 +126,7 @@ def diloco_and_allreduce_runs(root, rows_of_step, train=None):
         cfg["train"].update(train or {})
         a["config"] = yaml.safe_dump(cfg)
         rows = {k: [] for k in TABLES}
-        for step in range(1, 41):
+        for step in range(1, int((train or {}).get("train_steps", 40)) + 1):
             rows_of_step(step, rows)
         write_file(os.path.join(root, "d", f"{name}.h5"), a, rows)
     return {r.name: r for r in R.load_runs(root)}
@@ -298,6 +298,11 @@ class FiguresTest(unittest.TestCase):
             self.assertEqual(runs["diloco-seed1"].bytes_per_step(), {**{c: 0.0 for c in R.TRAFFIC_CLASSES},
                                                                       "tp": 1000.0, "outer": outer / 16})
             self.assertEqual(runs["plain-seed1"].bytes_per_step()["outer"], outer / 20)
+        # A trial shorter than the window (20 steps, H = 16): the one whole period after step 1 (steps
+        # 5..20, the sync at 16), B/16, not B/19 over steps 2..20.
+        with tempfile.TemporaryDirectory() as root:
+            runs = diloco_and_allreduce_runs(root, rows_of_step, {"train_steps": 20})
+            self.assertEqual(runs["diloco-seed1"].bytes_per_step()["outer"], outer / 16)
 
     def test_step_time_under_diloco_is_the_mean_over_whole_periods(self):
         """Steps take 1 s except the outer exchange's (every H = 16th: 5 s). Under DiLoCo the step time is
