@@ -67,6 +67,9 @@ def summarise(label, run):
     per_class = run.bytes_per_step()
     for c in CLASSES:
         row[f"{c}_MB_per_step"] = per_class.get(c, 0.0) / 1e6
+    for c in R.WIRE_CLASSES:  # the stage-to-stage sends alone, where the file records them
+        if R.wire_key(c) in per_class:
+            row[f"{c}_wire_MB_per_step"] = per_class[R.wire_key(c)] / 1e6
     mem = run.table("memory_components")
     if mem and len(mem["lep_buffers"]):
         row["lep_bytes_per_rank"] = int(mem["lep_buffers"].max())
@@ -106,14 +109,18 @@ def main():
         print(json.dumps({"reference": ref["run"], "note": note, "rows": rows}, indent=2))
         return
     print(note + "\n")
+    # beside each pipeline class, its stage-to-stage wire (as the experiments' tables), when a run has it
+    wire = [c for c in R.WIRE_CLASSES if any(f"{c}_wire_MB_per_step" in r for r in rows)]
+    columns = [k for c in CLASSES for k in ([c, f"{c} wire"] if c in wire else [c])]
     head = ["compression", "run", "steps", "val loss", "val ppl", "ppl vs ref."] + \
-        [f"{c} MB/step" for c in CLASSES] + ["LEP B/rank", "mean abs cos (Fig. 11)", "s/step", "note"]
+        [f"{c} MB/step" for c in columns] + ["LEP B/rank", "mean abs cos (Fig. 11)", "s/step", "note"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
         cells = [r["compression"], os.path.basename(r["run"]), f"{r['steps']}/{r['train_steps']}",
                  f"{r['val_loss']:.4f}", f"{r['val_ppl']:.2f}", f"{100 * r['ppl_vs_reference']:+.2f}%"]
-        cells += [f"{r[c + '_MB_per_step']:.3f}" for c in CLASSES]
+        cells += [f"{r[c.replace(' ', '_') + '_MB_per_step']:.3f}" if c.replace(' ', '_') + '_MB_per_step' in r else ""
+                  for c in columns]
         cells += [str(r.get("lep_bytes_per_rank", "")),
                   f"{r['lep_mean_abs_cos']:.4f}" if "lep_mean_abs_cos" in r else "",
                   f"{r['step_seconds']:.3f}" if math.isfinite(r["step_seconds"]) else "",
@@ -121,7 +128,9 @@ def main():
         print("| " + " | ".join(cells) + " |")
     print("\n- MB/step: bytes all ranks sent per training step, mean over the last 20 recorded steps (DiLoCo: "
           "whole periods); s/step: median step time after step 3 (DiLoCo: mean over whole periods); "
-          "the numbers of results/index.csv and `make figures`")
+          "the numbers of results/index.csv and `make figures`" +
+          ("; pp_fwd/pp_bwd wire: the stage-to-stage sends alone (the class also holds the receiving stage's "
+           "uncompressed TP all-gather), what a pipeline codec compresses" if wire else ""))
     flagged = [r for r in rows if any("not comparable" in n or n.startswith("partial") for n in r["notes"])]
     if flagged:
         print("- NOT COMPARABLE with the reference (another step count, or partial): "

@@ -412,6 +412,7 @@ class FiguresTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = r.stdout.splitlines()
         self.assertIn("z_none-seed1 (uncompressed)", lines[0])
+        self.assertIn("| pp_fwd MB/step | pp_fwd wire MB/step | pp_bwd MB/step | pp_bwd wire MB/step |", lines[2])
         self.assertTrue(lines[4].startswith("| baseline | z_none-seed1 | 10/10 | 5.1000 |"), r.stdout)
         self.assertTrue(lines[5].startswith(f"| dp=topk(fraction=0.01) | a_topk-seed1 | 10/10 | 5.3000 | "
                                             f"{math.exp(5.3):.2f} | {100 * (math.exp(5.3) / math.exp(5.1) - 1):+.2f}% |"),
