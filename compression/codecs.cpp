@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "compression/orthogonalize.h"  // MGS, shared with the DP PowerSGD reducer
+#include "compression/elementwise_detail.h"
 #include "compression/raw_loops.h"
 #include "kernels/thin_gemm.h"           // the low-rank products (P = M·Q, Q = Mᵀ·P̂, M̂ = P̂·Qᵀ)
 
@@ -459,14 +460,7 @@ std::vector<torch::ScalarType> TopKCodec::wire_dtypes(int64_t) const {
 
 Payload TopKCodec::encode_aten(const torch::Tensor& x) const {
   const auto flat = x.to(torch::kFloat).contiguous().view({-1});
-  const int64_t n = flat.numel(), k = k_for(n);
-  // |x| as its bits (a non-negative float's bits order as the float; every NaN as one quiet NaN, above +inf)
-  const auto mag = torch::where(flat.isnan(), torch::full_like(flat, std::numeric_limits<float>::quiet_NaN()),
-                                flat.abs()).view(torch::kInt).to(torch::kLong);
-  const auto index = torch::arange(n, flat.options().dtype(torch::kLong));
-  const auto key = mag * (int64_t{1} << 32) + ((int64_t{1} << 32) - 1 - index);  // ties: the smaller index wins
-  const auto top = std::get<1>(torch::topk(key, k, 0, /*largest=*/true, /*sorted=*/false));
-  const auto idx = std::get<0>(torch::sort(top));  // increasing index order
+  const auto idx = elementwise::select_topk_tensor(flat, k_for(flat.numel()));  // increasing, ties to the smaller
   return {{flat.index_select(0, idx), idx}};
 }
 

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "compression/options.h"
@@ -80,6 +81,25 @@ inline at::Generator generator_for(uint64_t a, int64_t b, uint64_t c) {
 // CPU, contiguous, for the raw loops.
 inline torch::Tensor to_device(const torch::Tensor& host, const torch::Device& device) { return host.to(device); }
 inline torch::Tensor to_host(const torch::Tensor& t) { return t.to(torch::kCPU).contiguous(); }
+
+// kernels::select_topk as tensor operations, on any device and with no host synchronisation: the
+// indices (int64, increasing) of the k largest |x| of a flat fp32 tensor, ties to the smallest
+// indices, every NaN above +inf. The k largest keys |x|'s bits · 2³² + (2³² − 1 − index): a
+// non-negative float's bits order as the float, and the index part breaks ties. The topk codec's
+// and reducer's tensor forms (codecs.cpp, topk_reducer.cpp) both select through here.
+inline torch::Tensor select_topk_tensor(const torch::Tensor& flat, int64_t k) {
+  const auto mag = torch::where(flat.isnan(), torch::full_like(flat, std::numeric_limits<float>::quiet_NaN()),
+                                flat.abs()).view(torch::kInt).to(torch::kLong);
+  const auto index = torch::arange(flat.numel(), flat.options().dtype(torch::kLong));
+  const auto key = mag * (int64_t{1} << 32) + ((int64_t{1} << 32) - 1 - index);
+  return std::get<0>(torch::sort(std::get<1>(torch::topk(key, k, 0, /*largest=*/true, /*sorted=*/false))));
+}
+
+// y ÷ d as a true division on every device (a scalar divisor may become a multiplication by 1/d,
+// which rounds differently from kernels::divide unless d is a power of two).
+inline void divide_tensor(torch::Tensor& y, int64_t d) {
+  y.div_(torch::full({1}, static_cast<float>(d), y.options()));
+}
 
 // fp32 values at byte offset `at` of a message (memcpy: offsets need not be aligned).
 inline float float_at(const uint8_t* bytes, int64_t at) {

@@ -111,6 +111,24 @@ ElementwiseReducer::Item ElementwiseReducer::compensate(size_t i, const torch::T
   it.index = i;
   it.device = g.device();
   const int64_t n = g.numel();
+  if (has_tensor_form() && (!g.is_cpu() || tensor_form_on_cpu_)) {  // on g's device, EF too
+    it.tensors = true;
+    it.out = torch::empty({n}, g.options().dtype(torch::kFloat));
+    const auto flat = g.reshape({-1}).to(torch::kFloat, false, /*copy=*/true);
+    if (!error_feedback_) {
+      it.c = flat;
+      return it;
+    }
+    auto& ef = ef_[i];
+    if (!ef.defined()) {
+      ef = flat;
+    } else {
+      if (ef.device() != g.device()) ef = ef.to(g.device());  // e.g. loaded from a checkpoint on the CPU
+      ef.add_(flat);
+    }
+    it.c = ef;
+    return it;
+  }
   it.out = host_fp32(g) ? g.view({-1}) : torch::empty({n}, torch::kFloat);  // the mean goes straight into g
   if (!error_feedback_) {
     it.c = host_fp32(g) ? it.out : g.reshape({-1}).to(torch::kCPU, torch::kFloat, false, /*copy=*/true);

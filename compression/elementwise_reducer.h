@@ -12,8 +12,10 @@
 //      N only (not on dp.size()), so the numerics do not depend on the group size. 1-D tensors get
 //      no special case; set min_numel to keep biases and norms raw.
 //   3. c_i := fp32(grad_i) flattened [N] + EF_i [N] (EF on; computed in EF's storage). All
-//      internals fp32 on the CPU whatever the grad dtype and device (raw loops, raw_loops.h); the
-//      result is cast out into grad_i (written straight into it when it is contiguous fp32 CPU).
+//      internals fp32 whatever the grad dtype: on the CPU (raw loops, raw_loops.h), or for a
+//      gradient on another device, where the reducer has a tensor form (has_tensor_form), on that
+//      device with the same results bit for bit; the result is cast out into grad_i (written
+//      straight into it when it is contiguous fp32 CPU).
 //   4. compress every c_i, exchange the messages of all compressed tensors in ONE collective,
 //      decode every rank's message and sum them in group-rank order (so every rank computes the
 //      same bits), ÷ dp.
@@ -54,9 +56,16 @@ class ElementwiseReducer : public GradReducer {
   /// StateMismatch when the list is not this reducer's (GradReducer::save), before any change.
   void save(torch::serialize::OutputArchive& archive) const override;
   void load(torch::serialize::InputArchive& archive) override;
-  /// Residual of tensor i, flat [N] fp32 on the CPU; undefined if it never was compressed with EF.
-  /// The reducer's own storage: the next reduce() updates it in place (clone() to keep a copy).
+  /// Residual of tensor i, flat [N] fp32 (on the CPU, or on the gradient's device for a reducer with
+  /// a tensor form); undefined if it never was compressed with EF. The reducer's own storage: the
+  /// next reduce() updates it in place (clone() to keep a copy).
   torch::Tensor error(size_t i) const { return i < ef_.size() ? ef_[i] : torch::Tensor(); }
+  /// Whether this reducer compresses gradients that are not on the CPU where they are (its tensor
+  /// form: tensor operations, EF kept on that device, no host copy); the others' messages and EF go
+  /// through the host. topk has one; randomk, qsgd and signsgd not yet.
+  virtual bool has_tensor_form() const { return false; }
+  /// Test hook: run the tensor form for CPU gradients too (a CPU test holds it to the raw loops).
+  void use_tensor_form_on_cpu(bool on) { tensor_form_on_cpu_ = on; }
 
   int64_t error_feedback_bytes() const override {
     int64_t n = 0;
@@ -81,8 +90,10 @@ class ElementwiseReducer : public GradReducer {
  protected:
   ElementwiseReducer(std::string kind, bool error_feedback, int64_t min_numel);
 
-  /// One compressed tensor of a call. Both tensors are flat [N] fp32, contiguous, on the CPU.
+  /// One compressed tensor of a call. Both tensors are flat [N] fp32, contiguous, on the CPU; or, with
+  /// `tensors` set (has_tensor_form()), on the gradient's device, for exchange's tensor form.
   struct Item {
+    bool tensors = false;
     size_t index = 0;  // in grads
     /// grad + EF. With error feedback on, this IS the EF storage: exchange must leave the
     /// residual c − own in it (own: this rank's decoded message). With it off, c may be the same
@@ -108,7 +119,8 @@ class ElementwiseReducer : public GradReducer {
   /// Item of tensor i: out, and c = grad + EF computed into ef_[i] (EF on) or aliasing out / a copy.
   Item compensate(size_t i, const torch::Tensor& grad);
 
-  std::vector<torch::Tensor> ef_;  // per tensor index: [N] fp32 CPU (compressed tensors with EF only)
+  std::vector<torch::Tensor> ef_;  // per tensor index: [N] fp32 (compressed tensors with EF only)
+  bool tensor_form_on_cpu_ = false;
 };
 
 }  // namespace optcc

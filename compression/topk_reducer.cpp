@@ -43,7 +43,34 @@ void TopKReducer::check_compressible(size_t index, int64_t numel) const {
   }
 }
 
+void TopKReducer::exchange_tensors(std::vector<Item>& items, Communicator& dp) {
+  std::vector<int64_t> ks, offs;
+  std::vector<torch::Tensor> values, indices;
+  int64_t total = 0;  // Σk
+  for (auto& it : items) {
+    const int64_t k = k_for(it.c.numel());
+    ks.push_back(k), offs.push_back(total), total += k;
+    const auto idx = elementwise::select_topk_tensor(it.c, k);  // increasing index order
+    values.push_back(it.c.index_select(0, idx).view(torch::kInt));  // the values' bits
+    indices.push_back(idx.to(torch::kInt));
+    if (error_feedback_) it.c.index_fill_(0, idx, 0.0f);  // residual c − own: 0 where sent
+  }
+  values.insert(values.end(), indices.begin(), indices.end());
+  const auto all = dp.all_gather(torch::cat(values), traffic_class(), 0);  // [n·2Σk] int32, on the device
+  for (size_t j = 0; j < items.size(); ++j) {
+    auto& out = items[j].out;
+    out.zero_();
+    for (int r = 0; r < dp.size(); ++r) {  // rank order: the same sum on every rank
+      const auto part = all.narrow(0, r * 2 * total, 2 * total);
+      out.index_add_(0, part.narrow(0, total + offs[j], ks[j]).to(torch::kLong),
+                     part.narrow(0, offs[j], ks[j]).view(torch::kFloat));  // one rank's indices are distinct
+    }
+    if (dp.size() > 1) elementwise::divide_tensor(out, dp.size());
+  }
+}
+
 void TopKReducer::exchange(std::vector<Item>& items, Communicator& dp, int64_t step) {
+  if (items[0].tensors) return exchange_tensors(items, dp);
   std::vector<int64_t> ks, offs;
   int64_t total = 0;  // Σk
   for (const auto& it : items) {

@@ -28,9 +28,11 @@ class TopKReducer : public ElementwiseReducer {
   int64_t compressed_bytes(int64_t numel) const override { return 8 * k_for(numel); }
   /// Entries kept of a tensor of `numel` elements.
   int64_t k_for(int64_t numel) const;
+  bool has_tensor_form() const override { return true; }
 
  private:
   void exchange(std::vector<Item>& items, Communicator& dp, int64_t step) override;
+  void exchange_tensors(std::vector<Item>& items, Communicator& dp);  // the same, as tensor operations
   void check_compressible(size_t index, int64_t numel) const override;  // N < 2³¹ (int32 indices)
   TopKOptions opt_;
 };

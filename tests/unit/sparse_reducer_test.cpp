@@ -237,6 +237,37 @@ TEST_P(SparseReducers, HalfGradientsUseFp32InternalsAndStayIdentical) {
   });
 }
 
+// topk's tensor form (what gradients on a GPU get: EF and messages on the device) on CPU tensors, against
+// the raw loops: the same gradients out and the same EF, bit for bit, over 3 steps, with EF on and off,
+// ties at the k-th magnitude and a NaN-free input; 3 ranks so that ÷ dp is not a power of two.
+TEST(SparseReducersTensorForm, TopkEqualsTheRawLoopsBitForBit) {
+  for (const int n : {1, 3}) {
+    run_ranks(n, [&](const RankContext& ctx) {
+      auto comm = ctx.world_group();
+      for (const std::string yaml : {"{fraction: 0.1}", "{count: 40, error_feedback: false}"}) {
+        auto loops = make("topk", yaml), tensors = make("topk", yaml);
+        ASSERT_TRUE(tensors->has_tensor_form());
+        tensors->use_tensor_form_on_cpu(true);
+        for (int64_t step = 0; step < 3; ++step) {
+          auto a = make_grads(ctx.rank, step);
+          a[3].narrow(0, 0, 8).fill_(3.0f);  // 384 tied magnitudes: the k-th largest falls among them
+          auto b = clone_all(a);
+          loops->reduce(a, *comm, step);
+          tensors->reduce(b, *comm, step);
+          for (size_t i = 0; i < a.size(); ++i) {
+            SCOPED_TRACE(yaml + " ranks " + std::to_string(n) + " step " + std::to_string(step) + " tensor " +
+                         std::to_string(i));
+            EXPECT_TRUE(torch::equal(a[i], b[i]));
+            const auto ea = loops->error(i), eb = tensors->error(i);
+            ASSERT_EQ(ea.defined(), eb.defined());
+            if (ea.defined()) EXPECT_TRUE(torch::equal(ea, eb));
+          }
+        }
+      }
+    });
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, SparseReducers, ::testing::Values(1, 2, 4));
 
 // ---- hand examples on 2 ranks -------------------------------------------------------------------
