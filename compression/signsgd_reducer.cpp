@@ -32,7 +32,46 @@ std::string SignSgdReducer::name() const {
   return fmt::format("signsgd(error_feedback={}, min_numel={})", opt_.error_feedback, opt_.min_numel);
 }
 
+void SignSgdReducer::exchange_tensors(std::vector<Item>& items, Communicator& dp) {
+  const int64_t t = static_cast<int64_t>(items.size());
+  const auto bytes = items[0].c.options().dtype(torch::kByte);
+  const auto weights = torch::tensor({1, 2, 4, 8, 16, 32, 64, 128}, items[0].c.options().dtype(torch::kInt));
+  std::vector<torch::Tensor> scales, signs;
+  std::vector<int64_t> offs;
+  int64_t bits_total = 0;
+  for (auto& it : items) {
+    const int64_t n = it.c.numel();
+    auto a = it.c.abs().sum(torch::kDouble).to(torch::kFloat).reshape({1});
+    elementwise::divide_tensor(a, n);  // ‖c‖₁ / N
+    auto bit = (it.c >= 0).to(torch::kInt);  // sign(0) = +1
+    if (n % 8) bit = torch::cat({bit, torch::zeros({8 - n % 8}, bit.options())});
+    signs.push_back((bit.view({-1, 8}) * weights).sum(1).to(torch::kByte));  // bit t of byte j: element 8j + t
+    offs.push_back(bits_total), bits_total += (n + 7) / 8;
+    if (error_feedback_) it.c.sub_(torch::where(it.c >= 0, a, -a));  // c − own
+    scales.push_back(a);
+  }
+  // [4·T bytes of fp32 scales | Σ⌈N/8⌉ sign bytes] uint8, as the raw loops' message
+  signs.insert(signs.begin(), torch::cat(scales).view(torch::kByte));
+  const int64_t x = 4 * t + bits_total;
+  const auto all = dp.all_gather(torch::cat(signs), traffic_class(), 0);  // [n·x] uint8, on the device
+  const auto shifts = torch::arange(8, bytes);
+  for (int64_t j = 0; j < t; ++j) {
+    auto& out = items[j].out;
+    const int64_t n = out.numel();
+    out.zero_();
+    for (int r = 0; r < dp.size(); ++r) {  // rank order
+      const auto part = all.narrow(0, r * x, x);
+      const auto a = part.narrow(0, 4 * j, 4).clone().view(torch::kFloat);  // (cloned: aligned)
+      const auto packed = part.narrow(0, 4 * t + offs[j], (n + 7) / 8);
+      const auto bit = torch::bitwise_and(packed.unsqueeze(1).__rshift__(shifts), 1).reshape({-1}).narrow(0, 0, n);
+      out.add_(torch::where(bit.to(torch::kBool), a, -a));
+    }
+    if (dp.size() > 1) elementwise::divide_tensor(out, dp.size());
+  }
+}
+
 void SignSgdReducer::exchange(std::vector<Item>& items, Communicator& dp, int64_t step) {
+  if (items[0].tensors) return exchange_tensors(items, dp);
   const int64_t t = static_cast<int64_t>(items.size());
   std::vector<int64_t> offs;
   int64_t bits_total = 0;

@@ -22,9 +22,13 @@ class SignSgdReducer : public ElementwiseReducer {
   explicit SignSgdReducer(SignSgdOptions options);
   std::string name() const override;
   int64_t compressed_bytes(int64_t numel) const override { return (numel + 7) / 8 + 4; }
+  /// Its tensor form: the same sign bits, messages and EF update; the scale ‖c‖₁/N is summed in double
+  /// in the library's order (the raw loops: blocks of fp32 lanes), so it may differ in its last bit.
+  bool has_tensor_form() const override { return true; }
 
  private:
   void exchange(std::vector<Item>& items, Communicator& dp, int64_t step) override;
+  void exchange_tensors(std::vector<Item>& items, Communicator& dp);
   SignSgdOptions opt_;
 };
 

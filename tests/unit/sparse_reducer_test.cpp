@@ -268,6 +268,35 @@ TEST(SparseReducersTensorForm, TopkEqualsTheRawLoopsBitForBit) {
   }
 }
 
+// signsgd's tensor form against the raw loops: the same signs everywhere; the scale ‖c‖₁/N is summed in
+// another order (double, then rounded to fp32), so outputs and EF agree to fp32 rounding, not bit for bit.
+TEST(SparseReducersTensorForm, SignsgdEqualsTheRawLoopsUpToTheScalesRounding) {
+  for (const int n : {1, 3}) {
+    run_ranks(n, [&](const RankContext& ctx) {
+      auto comm = ctx.world_group();
+      for (const std::string yaml : {"{}", "{error_feedback: false}"}) {
+        auto loops = make("signsgd", yaml), tensors = make("signsgd", yaml);
+        tensors->use_tensor_form_on_cpu(true);
+        for (int64_t step = 0; step < 3; ++step) {
+          auto a = make_grads(ctx.rank, step);
+          a[0].narrow(0, 0, 2).zero_();  // sign(0) = +1
+          auto b = clone_all(a);
+          loops->reduce(a, *comm, step);
+          tensors->reduce(b, *comm, step);
+          for (size_t i = 0; i < a.size(); ++i) {
+            SCOPED_TRACE(yaml + " ranks " + std::to_string(n) + " step " + std::to_string(step) + " tensor " +
+                         std::to_string(i));
+            EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-6, 1e-7)) << (a[i] - b[i]).abs().max().item<float>();
+            const auto ea = loops->error(i), eb = tensors->error(i);
+            ASSERT_EQ(ea.defined(), eb.defined());
+            if (ea.defined()) EXPECT_TRUE(torch::allclose(ea, eb, 1e-5, 1e-6));
+          }
+        }
+      }
+    });
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ranks, SparseReducers, ::testing::Values(1, 2, 4));
 
 // ---- hand examples on 2 ranks -------------------------------------------------------------------
