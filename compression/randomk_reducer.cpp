@@ -75,7 +75,26 @@ torch::Tensor RandomKReducer::indices(int64_t step, size_t tensor, int64_t numel
   return torch::tensor(draw(step, tensor, numel), torch::kLong);
 }
 
+void RandomKReducer::exchange_tensors(std::vector<Item>& items, Communicator& dp, int64_t step) {
+  std::vector<torch::Tensor> idx, values;
+  for (auto& it : items) {
+    idx.push_back(indices(step, it.index, it.c.numel()).to(it.c.device()));  // increasing
+    values.push_back(it.c.index_select(0, idx.back()));
+    if (error_feedback_) it.c.index_fill_(0, idx.back(), 0.0f);  // residual c − own: 0 where sent
+  }
+  auto summed = torch::cat(values);  // [Σk] fp32
+  dp.all_reduce(summed, traffic_class());
+  elementwise::divide_tensor(summed, dp.size());
+  int64_t off = 0;
+  for (size_t j = 0; j < items.size(); ++j) {
+    const int64_t k = idx[j].numel();
+    items[j].out.zero_().index_copy_(0, idx[j], summed.narrow(0, off, k));
+    off += k;
+  }
+}
+
 void RandomKReducer::exchange(std::vector<Item>& items, Communicator& dp, int64_t step) {
+  if (items[0].tensors) return exchange_tensors(items, dp, step);
   std::vector<std::vector<int64_t>> idx;
   std::vector<int64_t> offs;
   int64_t total = 0;

@@ -23,6 +23,9 @@ struct RandomKOptions {
 
 class RandomKReducer : public ElementwiseReducer {
  public:
+  /// Its tensor form: the indices are drawn on the host as always (they depend on (seed, step, tensor)
+  /// only, never on the gradient: k int64 copied to the device), the values, EF and sum stay there.
+  bool has_tensor_form() const override { return true; }
   explicit RandomKReducer(RandomKOptions options);
   std::string name() const override;
   int64_t compressed_bytes(int64_t numel) const override { return 4 * k_for(numel); }
@@ -33,6 +36,7 @@ class RandomKReducer : public ElementwiseReducer {
 
  private:
   void exchange(std::vector<Item>& items, Communicator& dp, int64_t step) override;
+  void exchange_tensors(std::vector<Item>& items, Communicator& dp, int64_t step);
   std::vector<int64_t> draw(int64_t step, size_t tensor, int64_t numel) const;  // indices(), as a vector
   RandomKOptions opt_;
 };

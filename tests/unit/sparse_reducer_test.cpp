@@ -237,15 +237,17 @@ TEST_P(SparseReducers, HalfGradientsUseFp32InternalsAndStayIdentical) {
   });
 }
 
-// topk's tensor form (what gradients on a GPU get: EF and messages on the device) on CPU tensors, against
-// the raw loops: the same gradients out and the same EF, bit for bit, over 3 steps, with EF on and off,
-// ties at the k-th magnitude and a NaN-free input; 3 ranks so that ÷ dp is not a power of two.
-TEST(SparseReducersTensorForm, TopkEqualsTheRawLoopsBitForBit) {
+// topk's and randomk's tensor forms (what gradients on a GPU get: EF and messages on the device) on CPU
+// tensors, against the raw loops: the same gradients out and the same EF, bit for bit, over 3 steps,
+// with EF on and off, ties at topk's k-th magnitude; 3 ranks so that ÷ dp is not a power of two.
+TEST(SparseReducersTensorForm, TopkAndRandomkEqualTheRawLoopsBitForBit) {
   for (const int n : {1, 3}) {
     run_ranks(n, [&](const RankContext& ctx) {
       auto comm = ctx.world_group();
-      for (const std::string yaml : {"{fraction: 0.1}", "{count: 40, error_feedback: false}"}) {
-        auto loops = make("topk", yaml), tensors = make("topk", yaml);
+      for (const auto& [kind, yaml] : std::vector<std::pair<std::string, std::string>>{
+               {"topk", "{fraction: 0.1}"}, {"topk", "{count: 40, error_feedback: false}"},
+               {"randomk", "{fraction: 0.1, seed: 5}"}, {"randomk", "{count: 40, error_feedback: false}"}}) {
+        auto loops = make(kind, yaml), tensors = make(kind, yaml);
         ASSERT_TRUE(tensors->has_tensor_form());
         tensors->use_tensor_form_on_cpu(true);
         for (int64_t step = 0; step < 3; ++step) {
@@ -255,7 +257,7 @@ TEST(SparseReducersTensorForm, TopkEqualsTheRawLoopsBitForBit) {
           loops->reduce(a, *comm, step);
           tensors->reduce(b, *comm, step);
           for (size_t i = 0; i < a.size(); ++i) {
-            SCOPED_TRACE(yaml + " ranks " + std::to_string(n) + " step " + std::to_string(step) + " tensor " +
+            SCOPED_TRACE(kind + yaml + " ranks " + std::to_string(n) + " step " + std::to_string(step) + " tensor " +
                          std::to_string(i));
             EXPECT_TRUE(torch::equal(a[i], b[i]));
             const auto ea = loops->error(i), eb = tensors->error(i);
