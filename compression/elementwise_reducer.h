@@ -62,7 +62,8 @@ class ElementwiseReducer : public GradReducer {
   torch::Tensor error(size_t i) const { return i < ef_.size() ? ef_[i] : torch::Tensor(); }
   /// Whether this reducer compresses gradients that are not on the CPU where they are (its tensor
   /// form: tensor operations, EF kept on that device, no host copy); the others' messages and EF go
-  /// through the host. topk, randomk and signsgd have one; qsgd not yet.
+  /// through the host. All four have one (topk, randomk and qsgd equal to their raw loops bit for
+  /// bit, signsgd to fp32 rounding of its scale).
   virtual bool has_tensor_form() const { return false; }
   /// Test hook: run the tensor form for CPU gradients too (a CPU test holds it to the raw loops).
   void use_tensor_form_on_cpu(bool on) { tensor_form_on_cpu_ = on; }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "compression/elementwise_detail.h"
@@ -72,7 +73,116 @@ int64_t QsgdReducer::compressed_bytes(int64_t numel) const {
   return code_bytes(numel, opt_.bits) + 4 * ((numel + opt_.bucket_size - 1) / opt_.bucket_size);
 }
 
+namespace {
+
+// kernels::counter_uniform(key, i) for int64 indices i < 2³² (uint32 arithmetic in int64 lanes: a
+// product of two 32-bit numbers wraps modulo 2⁶⁴, whose low 32 bits are the uint32 product's).
+torch::Tensor counter_uniforms(uint64_t key, const torch::Tensor& i) {
+  constexpr int64_t kMask = int64_t{0xffffffff};
+  const auto k0 = static_cast<int64_t>(key & 0xffffffffu), k1 = static_cast<int64_t>(key >> 32);
+  auto x = torch::bitwise_and(torch::bitwise_xor(i, k1) + k0, kMask);
+  x = torch::bitwise_xor(x, x.__rshift__(16));
+  x = torch::bitwise_and(x * int64_t{0x7feb352d}, kMask);
+  x = torch::bitwise_xor(x, x.__rshift__(15));
+  x = torch::bitwise_and(x * int64_t{0x846ca68b}, kMask);
+  x = torch::bitwise_xor(x, x.__rshift__(16));
+  return x.__rshift__(8).to(torch::kFloat) * 0x1p-24f;
+}
+
+// Per row of buckets xb [m, len]: Σ x² in qsgd_encode_bucket's order (16 lanes over the whole
+// blocks of 16, then the tail from 0, then the lanes one by one), each step one IEEE add.
+torch::Tensor bucket_sum_squares(const torch::Tensor& xb) {
+  const int64_t len = xb.size(1), whole = len / 16 * 16;
+  const auto sq = xb * xb;
+  auto lanes = torch::zeros({xb.size(0), 16}, xb.options());
+  for (int64_t i = 0; i < whole; i += 16) lanes = lanes + sq.narrow(1, i, 16);
+  auto sum = torch::zeros({xb.size(0)}, xb.options());
+  for (int64_t i = whole; i < len; ++i) sum = sum + sq.select(1, i);
+  for (int64_t j = 0; j < 16; ++j) sum = sum + lanes.select(1, j);
+  return sum;
+}
+
+}  // namespace
+
+void QsgdReducer::exchange_tensors(std::vector<Item>& items, Communicator& dp, int64_t step) {
+  const int64_t b = opt_.bucket_size;
+  const int s = static_cast<int>(opt_.levels);
+  const auto fopts = items[0].c.options();
+  const auto s_tensor = torch::full({1}, static_cast<float>(s), fopts), top = torch::full({1}, static_cast<float>(s), fopts);
+  std::vector<torch::Tensor> norms, codes;
+  std::vector<int64_t> nbs;
+  for (auto& it : items) {
+    const int64_t n = it.c.numel(), whole = n / b, rest = n - whole * b;
+    const uint64_t key = elementwise::stream_key(static_cast<uint64_t>(opt_.seed) + static_cast<uint64_t>(dp.rank()),
+                                                 step, it.index);
+    const auto index = torch::arange(n, fopts.dtype(torch::kLong));
+    std::vector<torch::Tensor> tensor_norms, tensor_codes;
+    // the whole buckets as rows, then the partial last one: qsgd_encode_bucket on each
+    for (const auto& [first, rows, len] : {std::tuple<int64_t, int64_t, int64_t>{0, whole, b},
+                                           std::tuple<int64_t, int64_t, int64_t>{whole * b, rest > 0, rest}}) {
+      if (rows == 0 || len == 0) continue;
+      auto xb = it.c.narrow(0, first, rows * len).view({rows, len});
+      const auto norm = torch::sqrt(bucket_sum_squares(xb));
+      const auto ratio = torch::where(norm > 0, s_tensor / norm, torch::zeros_like(norm)).unsqueeze(1);
+      const auto r = xb.abs() * ratio;
+      const auto fl = torch::trunc(r);  // r ≥ 0
+      const auto u = counter_uniforms(key, index.narrow(0, first, rows * len).view({rows, len}));
+      auto level = fl + (u < r - fl).to(torch::kFloat);
+      level = torch::where(level < top, level, top);
+      const auto code = torch::where(xb < 0, -level, level).to(torch::kInt).to(torch::kChar);
+      if (error_feedback_) xb.sub_((code.to(torch::kFloat) * norm.unsqueeze(1)) / s_tensor);  // c − own
+      tensor_norms.push_back(norm), tensor_codes.push_back(code.reshape({-1}));
+    }
+    norms.push_back(torch::cat(tensor_norms));
+    nbs.push_back(norms.back().numel());
+    auto all_codes = torch::cat(tensor_codes);
+    if (opt_.bits == 4) {  // code + 8 in 4 bits, element 2i in the low nibble of byte i
+      auto biased = (all_codes.to(torch::kInt) + 8);
+      if (n % 2) biased = torch::cat({biased, torch::zeros({1}, biased.options())});
+      const auto pairs = biased.view({-1, 2});
+      codes.push_back(torch::bitwise_or(pairs.select(1, 0), pairs.select(1, 1).__lshift__(4)).to(torch::kByte));
+    } else {
+      codes.push_back(all_codes.view(torch::kByte));
+    }
+  }
+  // [4·Σnb bytes of fp32 norms | codes] uint8, as the raw loops' message
+  const auto all_norms = torch::cat(norms);
+  const int64_t norms_total = all_norms.numel();
+  std::vector<torch::Tensor> parts{all_norms.view(torch::kByte)};
+  parts.insert(parts.end(), codes.begin(), codes.end());
+  const auto msg = torch::cat(parts);
+  const int64_t x = msg.numel();
+  const auto all = dp.all_gather(msg, traffic_class(), 0);  // [n·x] uint8, on the device
+  int64_t norm_off = 0, code_off = 4 * norms_total;
+  for (size_t j = 0; j < items.size(); ++j) {
+    auto& out = items[j].out;
+    const int64_t n = out.numel(), code_len = opt_.bits == 4 ? (n + 1) / 2 : n;
+    for (int r = 0; r < dp.size(); ++r) {  // rank order
+      const auto part = all.narrow(0, r * x, x);
+      const auto nrm = part.narrow(0, 4 * norm_off, 4 * nbs[j]).clone().view(torch::kFloat);  // (cloned: aligned)
+      const auto packed = part.narrow(0, code_off, code_len);
+      torch::Tensor code;
+      if (opt_.bits == 4) {
+        code = torch::stack({torch::bitwise_and(packed, 15), packed.__rshift__(4)}, 1).reshape({-1}).narrow(0, 0, n)
+                   .to(torch::kInt) - 8;
+      } else {
+        code = packed.clone().view(torch::kChar);
+      }
+      const auto per_element = nrm.repeat_interleave(b).narrow(0, 0, n);
+      const auto decoded = (code.to(torch::kFloat) * per_element) / s_tensor;
+      if (r == 0) {
+        out.copy_(decoded);  // 0 + d = d: a decode is never −0
+      } else {
+        out.add_(decoded);
+      }
+    }
+    if (dp.size() > 1) elementwise::divide_tensor(out, dp.size());
+    norm_off += nbs[j], code_off += code_len;
+  }
+}
+
 void QsgdReducer::exchange(std::vector<Item>& items, Communicator& dp, int64_t step) {
+  if (items[0].tensors) return exchange_tensors(items, dp, step);
   const int64_t b = opt_.bucket_size;
   const int s = static_cast<int>(opt_.levels);
   std::vector<int64_t> nbs, norm_offs, code_offs;

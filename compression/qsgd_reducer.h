@@ -39,9 +39,14 @@ class QsgdReducer : public ElementwiseReducer {
   explicit QsgdReducer(QsgdOptions options);
   std::string name() const override;
   int64_t compressed_bytes(int64_t numel) const override;
+  /// Its tensor form: the same codes, norms, message and EF as the raw loops, bit for bit (the
+  /// bucket's sum of squares in qsgd_encode_bucket's order, the counter-based uniforms in 32-bit
+  /// arithmetic), as tensor operations on the gradients' device.
+  bool has_tensor_form() const override { return true; }
 
  private:
   void exchange(std::vector<Item>& items, Communicator& dp, int64_t step) override;
+  void exchange_tensors(std::vector<Item>& items, Communicator& dp, int64_t step);
   QsgdOptions opt_;
 };
 

@@ -237,16 +237,19 @@ TEST_P(SparseReducers, HalfGradientsUseFp32InternalsAndStayIdentical) {
   });
 }
 
-// topk's and randomk's tensor forms (what gradients on a GPU get: EF and messages on the device) on CPU
-// tensors, against the raw loops: the same gradients out and the same EF, bit for bit, over 3 steps,
-// with EF on and off, ties at topk's k-th magnitude; 3 ranks so that ÷ dp is not a power of two.
-TEST(SparseReducersTensorForm, TopkAndRandomkEqualTheRawLoopsBitForBit) {
+// topk's, randomk's and qsgd's tensor forms (what gradients on a GPU get: EF and messages on the device)
+// on CPU tensors, against the raw loops: the same gradients out and the same EF, bit for bit, over 3
+// steps, with EF on and off, ties at topk's k-th magnitude, qsgd's partial buckets and 4-bit codes;
+// 3 ranks so that ÷ dp is not a power of two.
+TEST(SparseReducersTensorForm, TopkRandomkAndQsgdEqualTheRawLoopsBitForBit) {
   for (const int n : {1, 3}) {
     run_ranks(n, [&](const RankContext& ctx) {
       auto comm = ctx.world_group();
       for (const auto& [kind, yaml] : std::vector<std::pair<std::string, std::string>>{
                {"topk", "{fraction: 0.1}"}, {"topk", "{count: 40, error_feedback: false}"},
-               {"randomk", "{fraction: 0.1, seed: 5}"}, {"randomk", "{count: 40, error_feedback: false}"}}) {
+               {"randomk", "{fraction: 0.1, seed: 5}"}, {"randomk", "{count: 40, error_feedback: false}"},
+               {"qsgd", "{error_feedback: true, bucket_size: 100, levels: 8}"},  // 13 and 105: partial buckets
+               {"qsgd", "{bits: 4, levels: 7, bucket_size: 64}"}}) {
         auto loops = make(kind, yaml), tensors = make(kind, yaml);
         ASSERT_TRUE(tensors->has_tensor_form());
         tensors->use_tensor_form_on_cpu(true);
