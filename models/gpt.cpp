@@ -178,17 +178,18 @@ torch::Tensor GptModelImpl::head_loss(const torch::Tensor& x, const torch::Tenso
   // Mixed precision: the logits GEMM in the compute dtype, the cross-entropy on fp32 logits.
   auto h = norm_fp32(final_ln, x);
   if (tp_size(tp_) == 1) {  // one rank: logits over the true vocabulary only (no padded columns)
-    auto logits = gemm_linear(h, embedding->weight.narrow(0, 0, opt_.vocab_size).to(h.scalar_type()));  // x·Eᵀ
+    auto logits = gemm_linear(h, embedding->weight_as(h.scalar_type()).narrow(0, 0, opt_.vocab_size));  // x·Eᵀ
     return F::cross_entropy(logits.reshape({-1, opt_.vocab_size}).to(torch::kFloat), labels.t().reshape({-1}));
   }
-  auto logits = parallel_lm_logits(h, embedding->weight, tp_).to(torch::kFloat);  // [s, b, Vp/t]
+  auto logits = parallel_lm_logits(h, embedding->weight_as(h.scalar_type()), tp_).to(torch::kFloat);  // [s, b, Vp/t]
   auto per_token = vocab_parallel_cross_entropy(logits, labels.t(), embedding->vocab_start(), opt_.vocab_size, tp_);
   return per_token.mean();
 }
 
 torch::Tensor GptModelImpl::head_logits(const torch::Tensor& x) {
   TORCH_CHECK(stage_.is_last, "head_logits() called on a stage without the output layer");
-  auto logits = gather_from_tp_region(parallel_lm_logits(norm_fp32(final_ln, x), embedding->weight, tp_), tp_);
+  const auto h = norm_fp32(final_ln, x);
+  auto logits = gather_from_tp_region(parallel_lm_logits(h, embedding->weight_as(h.scalar_type()), tp_), tp_);
   return logits.narrow(-1, 0, opt_.vocab_size).to(torch::kFloat);  // [s, b, V]
 }
 

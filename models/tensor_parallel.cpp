@@ -140,13 +140,32 @@ torch::Tensor own_shard(const torch::Tensor& full, int64_t dim, const Communicat
 }  // namespace
 
 namespace {
+thread_local int64_t g_casts_made = 0;
+
 // A parameter in the dtype of the activation it meets: itself when they agree (fp32 runs), else a
 // cast whose backward returns the gradient in the parameter's own dtype (fp32 master weights).
 torch::Tensor like(const torch::Tensor& param, const torch::Tensor& x) {
   if (!param.defined() || param.scalar_type() == x.scalar_type()) return param;
+  ++g_casts_made;
   return param.to(x.scalar_type());
 }
 }  // namespace
+
+torch::Tensor CastCache::as(const torch::Tensor& param, c10::ScalarType dtype) {
+  if (!param.defined() || param.scalar_type() == dtype) return param;
+  const bool grad_mode = at::GradMode::is_enabled();
+  if (!cast_.defined() || impl_ != param.unsafeGetTensorImpl() || version_ != param._version() || dtype_ != dtype ||
+      grad_mode_ != grad_mode) {
+    cast_ = param.to(dtype);
+    ++g_casts_made;
+    impl_ = param.unsafeGetTensorImpl(), version_ = param._version(), dtype_ = dtype, grad_mode_ = grad_mode;
+  }
+  return cast_;
+}
+
+torch::Tensor CastCache::like(const torch::Tensor& param, const torch::Tensor& x) { return as(param, x.scalar_type()); }
+
+int64_t CastCache::casts_made() { return g_casts_made; }
 
 torch::Tensor copy_to_tp_region(const torch::Tensor& x, Communicator* tp) {
   return trivial(tp) ? x : CopyToRegion::apply(x, tp);
@@ -178,7 +197,7 @@ TpSplit ColumnParallelLinearImpl::split_of(const std::string& parameter) {
 }
 
 torch::Tensor ColumnParallelLinearImpl::forward(const torch::Tensor& x) {
-  auto y = gemm_linear(copy_to_tp_region(x, tp_), like(weight, x), like(bias, x));  // [.., out/t]
+  auto y = gemm_linear(copy_to_tp_region(x, tp_), weight_cast_.like(weight, x), bias_cast_.like(bias, x));  // [.., out/t]
   return gather_output_ ? gather_from_tp_region(y, tp_) : y;
 }
 
@@ -200,9 +219,10 @@ TpSplit RowParallelLinearImpl::split_of(const std::string& parameter) {
 }
 
 torch::Tensor RowParallelLinearImpl::forward(const torch::Tensor& x) {
-  if (trivial(tp_)) return gemm_linear(x, like(weight, x), like(bias, x));  // one rank: the GEMM with the bias
+  if (trivial(tp_)) return gemm_linear(x, weight_cast_.like(weight, x), bias_cast_.like(bias, x));  // one rank: with the bias
   auto x_local = input_is_parallel_ ? x : scatter_to_tp_region(x, tp_);  // [.., in/t]
-  return reduce_from_tp_region(gemm_linear(x_local, like(weight, x)), tp_) + like(bias, x);  // bias once, after the sum
+  return reduce_from_tp_region(gemm_linear(x_local, weight_cast_.like(weight, x)), tp_) +
+         bias_cast_.like(bias, x);  // bias once, after the sum
 }
 
 VocabParallelEmbeddingImpl::VocabParallelEmbeddingImpl(int64_t padded_vocab, int64_t hidden, Communicator* tp,

@@ -59,8 +59,34 @@ struct TpSplit {
   bool vocab_padded = false;
 };
 
+/// A parameter in another dtype, made once per change of the parameter rather than at every use. In
+/// mixed precision the fp32 master weights change only at the optimizer step (each in-place update
+/// bumps the tensor's version counter), so the linear layers cast them once per step, not once per
+/// micro-batch: a stage with m micro-batches reads and writes its weights m times less for casts. The
+/// cast keeps its autograd edge to the parameter (its backward holds no tensors, so every micro-batch's
+/// backward may pass through it and accumulate into the fp32 gradient, bit for bit as separate casts
+/// would). A cast made with grad mode off is not handed out with it on, nor the reverse. Holds one cast
+/// copy of the parameter (e.g. bf16: half its bytes) between steps. Not thread-safe: one module, one thread.
+class CastCache {
+ public:
+  /// `param` itself when it already has x's dtype (or is undefined), else its cast to x's dtype.
+  torch::Tensor like(const torch::Tensor& param, const torch::Tensor& x);
+  /// `param` in `dtype`, as like().
+  torch::Tensor as(const torch::Tensor& param, c10::ScalarType dtype);
+  /// Casts made on this thread so far, by every CastCache (for tests: once per step, not per micro-batch).
+  static int64_t casts_made();
+
+ private:
+  const c10::TensorImpl* impl_ = nullptr;
+  int64_t version_ = -1;
+  c10::ScalarType dtype_ = c10::ScalarType::Undefined;
+  bool grad_mode_ = false;
+  torch::Tensor cast_;
+};
+
 /// Both linear layers compute in x's dtype: their fp32 weight and bias are cast to it where used
-/// (mixed precision; fp32 x: no cast), and the gradients return fp32 to the parameters.
+/// (mixed precision; fp32 x: no cast; once per optimizer step, CastCache), and the gradients return
+/// fp32 to the parameters.
 ///
 /// y = x W^T + b with W's output rows split over the group (Megatron ColumnParallelLinear).
 /// Input x [.., in] replicated; output [.., out/t] (or [.., out] replicated if gather_output).
@@ -77,6 +103,7 @@ class ColumnParallelLinearImpl : public torch::nn::Module {
  private:
   Communicator* tp_;
   bool gather_output_;
+  CastCache weight_cast_, bias_cast_;
 };
 TORCH_MODULE(ColumnParallelLinear);
 
@@ -95,6 +122,7 @@ class RowParallelLinearImpl : public torch::nn::Module {
  private:
   Communicator* tp_;
   bool input_is_parallel_;
+  CastCache weight_cast_, bias_cast_;
 };
 TORCH_MODULE(RowParallelLinear);
 
@@ -116,8 +144,11 @@ class VocabParallelEmbeddingImpl : public torch::nn::Module {
   int64_t vocab_end() const { return end_; }      // one past the last
   /// "weight": rows (dim 0) of the padded vocabulary. Throws std::invalid_argument otherwise.
   static TpSplit split_of(const std::string& parameter);
+  /// The weight in `dtype` for the tied output layer's logits (CastCache: once per optimizer step).
+  torch::Tensor weight_as(c10::ScalarType dtype) { return weight_cast_.as(weight, dtype); }
   torch::Tensor weight;                           // [Vp/t, hidden] fp32: rows [start, end)
  private:
+  CastCache weight_cast_;
   Communicator* tp_;
   int64_t start_, end_;
   c10::ScalarType output_dtype_ = c10::ScalarType::Float;

@@ -8,6 +8,7 @@
 #include "compat/torch_compat.h"
 #include "models/gpt.h"
 #include "models/presets.h"
+#include "models/tensor_parallel.h"
 
 namespace optcc {
 namespace {
@@ -205,6 +206,52 @@ TEST_P(GptPrecision, LowPrecisionFollowsFp32WithFp32MastersAndGradients) {
 // fp16 joins once it trains (loss scaling; LibTorch 1.13 also lacks CPU fp16 GEMMs).
 INSTANTIATE_TEST_SUITE_P(MixedPrecision, GptPrecision, ::testing::Values(torch::kBFloat16),
                          [](const auto& info) { return std::string(c10::toString(info.param)); });
+
+// CastCache (models/tensor_parallel.h): in bf16, m micro-batches between optimizer steps cast the fp32
+// masters once, not m times; AdamW's in-place step makes the next forward cast again (the cast then
+// equals the updated master's); and the accumulated fp32 gradients are bit for bit those of a model
+// that casts at every use (one fresh model per micro-batch shares nothing, so each casts anew).
+TEST(GptCastCache, BfMastersCastOncePerOptimizerStepWithTheSameGradients) {
+  torch::manual_seed(4);
+  auto o = tiny();
+  o.compute_dtype = torch::kBFloat16;
+  GptModel cached(o);
+  std::vector<torch::Tensor> micro;
+  for (int i = 0; i < 3; ++i) micro.push_back(torch::randint(0, 100, {2, 17}, torch::kLong));
+  const int64_t before = CastCache::casts_made();
+  for (const auto& mb : micro) cached->loss(mb).backward();
+  const int64_t per_step = CastCache::casts_made() - before;
+  // 2 layers x (qkv, proj, fc1, fc2) x (weight, bias) + the tied output layer's weight: 17 casts,
+  // made by the first micro-batch; the other two reuse them
+  EXPECT_EQ(per_step, 2 * 4 * 2 + 1);
+  // The same gradients as separate casts: three fresh models of the same weights, one micro-batch each.
+  std::vector<torch::Tensor> summed;
+  for (const auto& mb : micro) {
+    GptModel fresh(o);
+    fresh->loss(mb).backward();
+    const auto ps = fresh->parameters();
+    if (summed.empty()) {
+      for (const auto& p : ps) summed.push_back(p.grad().clone());
+    } else {
+      for (size_t i = 0; i < ps.size(); ++i) summed[i].add_(ps[i].grad());
+    }
+  }
+  const auto pc = cached->parameters();
+  for (size_t i = 0; i < pc.size(); ++i) EXPECT_TRUE(torch::equal(pc[i].grad(), summed[i])) << "parameter " << i;
+  // AdamW's step updates the masters in place: the next forward casts anew, from the new values.
+  torch::optim::AdamW opt(cached->parameters(), torch::optim::AdamWOptions(1e-2));
+  opt.step();
+  const int64_t after_step = CastCache::casts_made();
+  auto loss = cached->loss(micro[0]);
+  EXPECT_EQ(CastCache::casts_made() - after_step, per_step);
+  GptModel reference(o);  // same init; copy the stepped masters in and compare the loss bit for bit
+  {
+    torch::NoGradGuard no_grad;
+    const auto pr = reference->parameters();
+    for (size_t i = 0; i < pc.size(); ++i) pr[i].copy_(pc[i]);
+  }
+  EXPECT_EQ(loss.item<float>(), reference->loss(micro[0]).item<float>());
+}
 
 // model.attention: which kernel a forward pass uses (models/gpt.h AttentionKernel).
 TEST(GptAttention, AutoPicksFusedOnlyOnAGpuWithoutDropout) {
