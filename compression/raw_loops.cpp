@@ -408,6 +408,19 @@ __attribute__((target("avx2"))) inline void lanes_min_max(__m256i mn, __m256i mx
   std::memcpy(hi, &h, 4);
 }
 
+// A tile's grid from its per-lane ordered minima and maxima: meta = {scale, offset}, and quantize8's
+// operands (offset, 1/safe, levels) broadcast to 8 lanes.
+struct TileGrid8 {
+  __m256 off, inv, top;
+};
+__attribute__((target("avx2"))) inline TileGrid8 tile_grid(__m256i mn, __m256i mx, float levels, float* meta) {
+  float lo, hi;
+  lanes_min_max(mn, mx, &lo, &hi);
+  const QuantGrid g = quant_grid(lo, hi, levels);
+  meta[0] = g.scale, meta[1] = g.offset;
+  return {_mm256_set1_ps(g.offset), _mm256_set1_ps(1.0f / g.safe), _mm256_set1_ps(levels)};
+}
+
 // One tile of 8·A floats (A ≤ 8) held in registers throughout.
 template <int A>
 __attribute__((target("avx2"))) inline void encode_tile_regs(const float* x, int bits, float levels, uint8_t* out,
@@ -429,12 +442,8 @@ __attribute__((target("avx2"))) inline void encode_tile_regs(const float* x, int
     const __m256i k = ordered8(_mm256_castps_si256(r[a]));
     mn = _mm256_min_epi32(mn, k), mx = _mm256_max_epi32(mx, k);
   }
-  float lo, hi;
-  lanes_min_max(mn, mx, &lo, &hi);
-  const QuantGrid g = quant_grid(lo, hi, levels);
-  meta[0] = g.scale, meta[1] = g.offset;
-  const __m256 off = _mm256_set1_ps(g.offset), inv = _mm256_set1_ps(1.0f / g.safe), top = _mm256_set1_ps(levels);
-  for (int a = 0; a < A; ++a) store_codes8(quantize8(r[a], off, inv, top), bits, out + a * bits, row + 8 * a);
+  const TileGrid8 g = tile_grid(mn, mx, levels, meta);
+  for (int a = 0; a < A; ++a) store_codes8(quantize8(r[a], g.off, g.inv, g.top), bits, out + a * bits, row + 8 * a);
   if (bits == 3) pack_tile(row, 8 * A, 3, out);
 }
 
@@ -448,13 +457,9 @@ __attribute__((target("avx2"))) void encode_tile_mem(const float* x, int64_t til
     const __m256i k = ordered8(_mm256_castps_si256(_mm256_loadu_ps(b + j)));
     mn = _mm256_min_epi32(mn, k), mx = _mm256_max_epi32(mx, k);
   }
-  float lo, hi;
-  lanes_min_max(mn, mx, &lo, &hi);
-  const QuantGrid g = quant_grid(lo, hi, levels);
-  meta[0] = g.scale, meta[1] = g.offset;
-  const __m256 off = _mm256_set1_ps(g.offset), inv = _mm256_set1_ps(1.0f / g.safe), top = _mm256_set1_ps(levels);
+  const TileGrid8 g = tile_grid(mn, mx, levels, meta);
   for (int64_t j = 0; j < tile; j += 8) {
-    store_codes8(quantize8(_mm256_loadu_ps(b + j), off, inv, top), bits, out + j / 8 * bits, row + j);
+    store_codes8(quantize8(_mm256_loadu_ps(b + j), g.off, g.inv, g.top), bits, out + j / 8 * bits, row + j);
   }
   if (bits == 3) pack_tile(row, tile, 3, out);
 }
