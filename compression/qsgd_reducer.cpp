@@ -104,72 +104,74 @@ torch::Tensor bucket_sum_squares(const torch::Tensor& xb) {
 
 }  // namespace
 
-void QsgdReducer::exchange_tensors(std::vector<Item>& items, Communicator& dp, int64_t step) {
-  const int64_t b = opt_.bucket_size;
-  const int s = static_cast<int>(opt_.levels);
-  const auto fopts = items[0].c.options();
-  const auto s_tensor = torch::full({1}, static_cast<float>(s), fopts), top = torch::full({1}, static_cast<float>(s), fopts);
+// The tensor form's encode of one item (qsgd_encode_bucket on every bucket, the EF update): its bucket
+// norms [nb] fp32 and its codes as message bytes (int8, or code + 8 in 4 bits, element 2i low).
+std::pair<torch::Tensor, torch::Tensor> QsgdReducer::encode_tensor(ElementwiseReducer::Item& it, uint64_t key) const {
+  const int64_t b = opt_.bucket_size, n = it.c.numel(), whole = n / b, rest = n - whole * b;
+  const auto fopts = it.c.options();
+  const auto levels = torch::full({1}, static_cast<float>(opt_.levels), fopts);
+  const auto index = torch::arange(n, fopts.dtype(torch::kLong));
   std::vector<torch::Tensor> norms, codes;
-  std::vector<int64_t> nbs;
+  // the whole buckets as rows, then the partial last one
+  for (const auto& [first, rows, len] : {std::tuple<int64_t, int64_t, int64_t>{0, whole, b},
+                                         std::tuple<int64_t, int64_t, int64_t>{whole * b, rest > 0, rest}}) {
+    if (rows == 0 || len == 0) continue;
+    auto xb = it.c.narrow(0, first, rows * len).view({rows, len});
+    const auto norm = torch::sqrt(bucket_sum_squares(xb));
+    const auto ratio = torch::where(norm > 0, levels / norm, torch::zeros_like(norm)).unsqueeze(1);
+    const auto r = xb.abs() * ratio;
+    const auto fl = torch::trunc(r);  // r ≥ 0
+    const auto u = counter_uniforms(key, index.narrow(0, first, rows * len).view({rows, len}));
+    auto level = fl + (u < r - fl).to(torch::kFloat);
+    level = torch::where(level < levels, level, levels);
+    const auto code = torch::where(xb < 0, -level, level).to(torch::kInt).to(torch::kChar);
+    if (error_feedback_) xb.sub_((code.to(torch::kFloat) * norm.unsqueeze(1)) / levels);  // c − own
+    norms.push_back(norm), codes.push_back(code.reshape({-1}));
+  }
+  const auto all = torch::cat(codes);
+  if (opt_.bits == 8) return {torch::cat(norms), all.view(torch::kByte)};
+  auto biased = all.to(torch::kInt) + 8;
+  if (n % 2) biased = torch::cat({biased, torch::zeros({1}, biased.options())});
+  const auto pairs = biased.view({-1, 2});
+  return {torch::cat(norms), torch::bitwise_or(pairs.select(1, 0), pairs.select(1, 1).__lshift__(4)).to(torch::kByte)};
+}
+
+// One rank's decoded message of one item: codes (message bytes) and bucket norms -> [n] fp32.
+torch::Tensor QsgdReducer::decode_tensor(const torch::Tensor& packed, const torch::Tensor& norms, int64_t n) const {
+  torch::Tensor code;
+  if (opt_.bits == 4) {
+    code = torch::stack({torch::bitwise_and(packed, 15), packed.__rshift__(4)}, 1).reshape({-1}).narrow(0, 0, n)
+               .to(torch::kInt) - 8;
+  } else {
+    code = packed.clone().view(torch::kChar);
+  }
+  const auto per_element = norms.repeat_interleave(opt_.bucket_size).narrow(0, 0, n);
+  return (code.to(torch::kFloat) * per_element) / torch::full({1}, static_cast<float>(opt_.levels), norms.options());
+}
+
+void QsgdReducer::exchange_tensors(std::vector<Item>& items, Communicator& dp, int64_t step) {
+  std::vector<torch::Tensor> norms, codes;
   for (auto& it : items) {
-    const int64_t n = it.c.numel(), whole = n / b, rest = n - whole * b;
     const uint64_t key = elementwise::stream_key(static_cast<uint64_t>(opt_.seed) + static_cast<uint64_t>(dp.rank()),
                                                  step, it.index);
-    const auto index = torch::arange(n, fopts.dtype(torch::kLong));
-    std::vector<torch::Tensor> tensor_norms, tensor_codes;
-    // the whole buckets as rows, then the partial last one: qsgd_encode_bucket on each
-    for (const auto& [first, rows, len] : {std::tuple<int64_t, int64_t, int64_t>{0, whole, b},
-                                           std::tuple<int64_t, int64_t, int64_t>{whole * b, rest > 0, rest}}) {
-      if (rows == 0 || len == 0) continue;
-      auto xb = it.c.narrow(0, first, rows * len).view({rows, len});
-      const auto norm = torch::sqrt(bucket_sum_squares(xb));
-      const auto ratio = torch::where(norm > 0, s_tensor / norm, torch::zeros_like(norm)).unsqueeze(1);
-      const auto r = xb.abs() * ratio;
-      const auto fl = torch::trunc(r);  // r ≥ 0
-      const auto u = counter_uniforms(key, index.narrow(0, first, rows * len).view({rows, len}));
-      auto level = fl + (u < r - fl).to(torch::kFloat);
-      level = torch::where(level < top, level, top);
-      const auto code = torch::where(xb < 0, -level, level).to(torch::kInt).to(torch::kChar);
-      if (error_feedback_) xb.sub_((code.to(torch::kFloat) * norm.unsqueeze(1)) / s_tensor);  // c − own
-      tensor_norms.push_back(norm), tensor_codes.push_back(code.reshape({-1}));
-    }
-    norms.push_back(torch::cat(tensor_norms));
-    nbs.push_back(norms.back().numel());
-    auto all_codes = torch::cat(tensor_codes);
-    if (opt_.bits == 4) {  // code + 8 in 4 bits, element 2i in the low nibble of byte i
-      auto biased = (all_codes.to(torch::kInt) + 8);
-      if (n % 2) biased = torch::cat({biased, torch::zeros({1}, biased.options())});
-      const auto pairs = biased.view({-1, 2});
-      codes.push_back(torch::bitwise_or(pairs.select(1, 0), pairs.select(1, 1).__lshift__(4)).to(torch::kByte));
-    } else {
-      codes.push_back(all_codes.view(torch::kByte));
-    }
+    auto [nrm, code] = encode_tensor(it, key);
+    norms.push_back(nrm), codes.push_back(code);
   }
   // [4·Σnb bytes of fp32 norms | codes] uint8, as the raw loops' message
   const auto all_norms = torch::cat(norms);
-  const int64_t norms_total = all_norms.numel();
   std::vector<torch::Tensor> parts{all_norms.view(torch::kByte)};
   parts.insert(parts.end(), codes.begin(), codes.end());
   const auto msg = torch::cat(parts);
   const int64_t x = msg.numel();
   const auto all = dp.all_gather(msg, traffic_class(), 0);  // [n·x] uint8, on the device
-  int64_t norm_off = 0, code_off = 4 * norms_total;
+  int64_t norm_off = 0, code_off = 4 * all_norms.numel();
   for (size_t j = 0; j < items.size(); ++j) {
     auto& out = items[j].out;
-    const int64_t n = out.numel(), code_len = opt_.bits == 4 ? (n + 1) / 2 : n;
+    const int64_t n = out.numel(), nb = norms[j].numel(), code_len = codes[j].numel();
     for (int r = 0; r < dp.size(); ++r) {  // rank order
       const auto part = all.narrow(0, r * x, x);
-      const auto nrm = part.narrow(0, 4 * norm_off, 4 * nbs[j]).clone().view(torch::kFloat);  // (cloned: aligned)
-      const auto packed = part.narrow(0, code_off, code_len);
-      torch::Tensor code;
-      if (opt_.bits == 4) {
-        code = torch::stack({torch::bitwise_and(packed, 15), packed.__rshift__(4)}, 1).reshape({-1}).narrow(0, 0, n)
-                   .to(torch::kInt) - 8;
-      } else {
-        code = packed.clone().view(torch::kChar);
-      }
-      const auto per_element = nrm.repeat_interleave(b).narrow(0, 0, n);
-      const auto decoded = (code.to(torch::kFloat) * per_element) / s_tensor;
+      const auto nrm = part.narrow(0, 4 * norm_off, 4 * nb).clone().view(torch::kFloat);  // (cloned: aligned)
+      const auto decoded = decode_tensor(part.narrow(0, code_off, code_len), nrm, n);
       if (r == 0) {
         out.copy_(decoded);  // 0 + d = d: a decode is never −0
       } else {
@@ -177,7 +179,7 @@ void QsgdReducer::exchange_tensors(std::vector<Item>& items, Communicator& dp, i
       }
     }
     if (dp.size() > 1) elementwise::divide_tensor(out, dp.size());
-    norm_off += nbs[j], code_off += code_len;
+    norm_off += nb, code_off += code_len;
   }
 }
 

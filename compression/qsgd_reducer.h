@@ -47,6 +47,8 @@ class QsgdReducer : public ElementwiseReducer {
  private:
   void exchange(std::vector<Item>& items, Communicator& dp, int64_t step) override;
   void exchange_tensors(std::vector<Item>& items, Communicator& dp, int64_t step);
+  std::pair<torch::Tensor, torch::Tensor> encode_tensor(Item& it, uint64_t key) const;  // {norms, code bytes}
+  torch::Tensor decode_tensor(const torch::Tensor& packed, const torch::Tensor& norms, int64_t n) const;
   QsgdOptions opt_;
 };
 
