@@ -265,7 +265,9 @@ TEST(SparseReducersTensorForm, TopkRandomkAndQsgdEqualTheRawLoopsBitForBit) {
             EXPECT_TRUE(torch::equal(a[i], b[i]));
             const auto ea = loops->error(i), eb = tensors->error(i);
             ASSERT_EQ(ea.defined(), eb.defined());
-            if (ea.defined()) EXPECT_TRUE(torch::equal(ea, eb));
+            if (ea.defined()) {
+              EXPECT_TRUE(torch::equal(ea, eb));
+            }
           }
         }
       }
@@ -294,7 +296,9 @@ TEST(SparseReducersTensorForm, SignsgdEqualsTheRawLoopsUpToTheScalesRounding) {
             EXPECT_TRUE(torch::allclose(a[i], b[i], 1e-6, 1e-7)) << (a[i] - b[i]).abs().max().item<float>();
             const auto ea = loops->error(i), eb = tensors->error(i);
             ASSERT_EQ(ea.defined(), eb.defined());
-            if (ea.defined()) EXPECT_TRUE(torch::allclose(ea, eb, 1e-5, 1e-6));
+            if (ea.defined()) {
+              EXPECT_TRUE(torch::allclose(ea, eb, 1e-5, 1e-6));
+            }
           }
         }
       }
