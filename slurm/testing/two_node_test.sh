@@ -14,12 +14,13 @@
 #   5. stops the cluster and removes the hosts (also on failure).
 # Needs root, network namespaces and the Slurm packages (slurm/testing/deps.sh); else exits 77.
 # Environment (all optional): OPTCC (default build/optcc), PYTHON (default /usr/bin/python3),
-#   OPTCC_TEST_TIMEOUT (seconds per job wait, default 600), OPTCC_TEST_KEEP=1 (keep the directory).
+#   OPTCC_TEST_TIMEOUT (seconds per job wait, default 300; a wait takes under 30 s, 95 s in all
+#   with both cores busy elsewhere), OPTCC_TEST_KEEP=1 (keep the directory).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 export OPTCC=$(readlink -f "${OPTCC:-build/optcc}")
 export PYTHON=${PYTHON:-/usr/bin/python3}
-timeout_s=${OPTCC_TEST_TIMEOUT:-600}
+timeout_s=${OPTCC_TEST_TIMEOUT:-300}
 t0=$SECONDS
 
 if [ "$(id -u)" -ne 0 ]; then echo "skipped: the hosts and the cluster's daemons need root"; exit 77; fi
@@ -51,8 +52,22 @@ finish() {
 }
 trap finish EXIT
 trap 'exit 143' TERM INT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-step() { echo "== $* ($((SECONDS - t0)) s)"; }
+# One line on where the cluster stands, for failure messages: the queue, and each host's optcc ranks
+# (pid:state, state as in /proc/PID/stat: R running, S sleeping, D disk, Z zombie).
+snapshot() {
+  local h p q ranks=""
+  q=$(squeue --noheader --format='%i %T %r' 2>/dev/null | paste -sd, -)
+  for h in 1 2; do
+    ranks+=" h$h:"
+    for p in $(ip netns pids "$OPTCC_HOSTS_PREFIX-h$h" 2>/dev/null); do
+      tr '\0' ' ' <"/proc/$p/cmdline" 2>/dev/null | grep -q "^$OPTCC train " && ranks+=" $p:$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)"
+    done
+  done
+  echo "queue: ${q:-empty}; optcc ranks:$ranks"
+}
+current=
+fail() { echo "FAIL (${current:-setup}, $((SECONDS - t0)) s): $* [$(snapshot)]" >&2; exit 1; }
+step() { current="step ${1%%.*}"; echo "== $* ($((SECONDS - t0)) s)"; }
 
 step "1. two hosts and a Slurm cluster over them"
 bash slurm/testing/hosts.sh up 2 --rate 1gbit
@@ -84,7 +99,7 @@ losses() { PYTHONPATH=scripts "$PYTHON" -c 'import sys, optcc_results as R; prin
 wait_job() {
   local deadline=$((SECONDS + timeout_s))
   while [ -n "$(squeue --noheader --jobs="$1" 2>/dev/null)" ]; do
-    [ $SECONDS -lt $deadline ] || { squeue >&2; fail "job $1 still queued or running after ${timeout_s}s"; }
+    [ $SECONDS -lt $deadline ] || fail "job $1 still queued or running after ${timeout_s}s"
     sleep 1
   done
   scontrol show job "$1" | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' | head -n 1
