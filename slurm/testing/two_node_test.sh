@@ -145,7 +145,7 @@ ckpt=$tmp/train/ckpt/smoke-$job
 latest_step() { sed -n 's/^iter_0*\([0-9][0-9]*\)$/\1/p' "$ckpt/latest" 2>/dev/null; }
 deadline=$((SECONDS + timeout_s))
 until [ "$(latest_step)" -ge 4 ] 2>/dev/null; do
-  [ $SECONDS -lt $deadline ] || fail "job $job wrote no checkpoint of step 4 in ${timeout_s}s"
+  [ $SECONDS -lt $deadline ] || fail "job $job wrote no checkpoint of step 4 in ${timeout_s}s (latest: $(cat "$ckpt/latest" 2>/dev/null || echo none))"
   [ -n "$(squeue --noheader --jobs="$job")" ] || fail "job $job ended before the fault"
   sleep 0.5
 done
@@ -166,11 +166,19 @@ scontrol requeue "$job"
 # slurmctld holds a requeued batch job for about two minutes (its eligible time is set ahead); the
 # test needs no such pause, so the job is made eligible now (it then starts as a requeue does).
 scontrol update JobId="$job" StartTime=now
-resumed=$tmp/train/smoke-$job.resumed-$before.h5
-until [ "$(losses "$resumed" 2>/dev/null | wc -l)" -ge 2 ]; do
-  [ $SECONDS -lt $deadline ] || { ls "$tmp/train" >&2; fail "the requeued job $job wrote no $resumed"; }
+# The requeued part's results file, whichever step it resumed from (checked just below): waiting
+# for the expected name alone would wait out the timeout when the run resumed from another step.
+deadline=$((SECONDS + timeout_s))
+resumed=
+until [ -n "$resumed" ] && [ "$(losses "$resumed" 2>/dev/null | wc -l)" -ge 2 ]; do
+  [ $SECONDS -lt $deadline ] ||
+    fail "the requeued job $job wrote no results file smoke-$job.resumed-*.h5 with 2 rows in ${timeout_s}s" \
+         "($tmp/train holds: $(ls "$tmp/train" | paste -sd' ' -))"
   sleep 0.5
+  resumed=$(compgen -G "$tmp/train/smoke-$job.resumed-*.h5" | head -n 1 || true)
 done
+[ "$resumed" = "$tmp/train/smoke-$job.resumed-$before.h5" ] ||
+  fail "the requeued job resumed into $(basename "$resumed"), not smoke-$job.resumed-$before.h5 (latest names step $before)"
 first=$(PYTHONPATH=scripts "$PYTHON" -c 'import sys, optcc_results as R; print(int(R.open_results(sys.argv[1])["train"]["step"][0]))' "$resumed")
 [ "$first" -eq $((before + 1)) ] || fail "the resumed part starts at step $first, not $((before + 1))"
 [ "$(losses "$tmp/train/smoke-$job.h5" | wc -l)" -eq "$rows_before" ] || fail "the first part's rows changed"
