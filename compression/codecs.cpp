@@ -59,7 +59,7 @@ std::pair<int64_t, int64_t> MatrixView::shape(int64_t numel) const {
 }
 
 LowRankCodec::LowRankCodec(MatrixView view, int64_t rank, uint64_t seed, bool qr)
-    : view_(view), rank_(rank), qr_(qr), gen_(at::detail::createCPUGenerator(seed)) {}
+    : view_(view), rank_(rank), qr_(qr), gen_(at::detail::createCPUGenerator(seed)), draws_(seed) {}
 
 int64_t LowRankCodec::rank_for(int64_t numel) const {
   const auto [rows, cols] = view_.shape(numel);
@@ -76,6 +76,7 @@ Payload LowRankCodec::encode_impl(const torch::Tensor& x) {
   const auto [rows, cols] = view_.shape(x.numel());
   const int64_t r = rank_for(x.numel());
   const auto m = x.contiguous().view({rows, cols});  // [rows, cols] fp32
+  if (!x.is_cpu() || batched_on_cpu_) return encode_batched(m, r);
   torch::Tensor q;                                   // [cols, r]
   if (!q_.defined() || q_.size(0) != cols || q_.size(1) != r) {
     // First message, or a message whose view differs from the last one: fresh random Q.
@@ -100,6 +101,22 @@ Payload LowRankCodec::encode_impl(const torch::Tensor& x) {
   return {{p, q_}};
 }
 
+// The batched kernels with B = 1: the same steps as a fixed number of operations, no host sync. A
+// Q of another shape (or none yet) starts from zeros, which prepare_q_batched_ refills with draws.
+Payload LowRankCodec::encode_batched(const torch::Tensor& m, int64_t r) {
+  const int64_t rows = m.size(0), cols = m.size(1);
+  const bool warm = q_.defined() && q_.size(0) == cols && q_.size(1) == r;
+  auto q = warm ? q_.to(m.device()).unsqueeze(0).clone() : torch::zeros({1, cols, r}, m.options());  // [1, cols, r]
+  prepare_q_batched_(q, draws_);
+  const auto m3 = m.unsqueeze(0);  // [1, rows, cols]
+  auto p = torch::empty({1, rows, r}, m.options());
+  lowrank_encode_p(m3, q, p);
+  auto q_new = torch::empty({1, cols, r}, m.options());
+  lowrank_encode_q(m3, p, q_new);  // P̂ in place, Q = MᵀP̂
+  q_ = q_new[0];
+  return {{p[0], q_}};
+}
+
 void LowRankCodec::decode_impl(const Payload& p, torch::Tensor& out) const {
   const auto& factor_p = p.parts[0];  // [rows, r]
   const auto& factor_q = p.parts[1];  // [cols, r]
@@ -111,6 +128,7 @@ void LowRankCodec::save(torch::serialize::OutputArchive& archive) const {
   archive.write("has_q", torch::tensor(q_.defined() ? 1 : 0));
   archive.write("q", q_.defined() ? q_.cpu() : torch::zeros({0}));
   archive.write("rng_state", gen_.get_state());
+  draws_.save(archive, "draws");
 }
 
 void LowRankCodec::load(torch::serialize::InputArchive& archive) {
@@ -120,6 +138,7 @@ void LowRankCodec::load(torch::serialize::InputArchive& archive) {
   archive.read("rng_state", state);
   q_ = has_q.item<int64_t>() ? q : torch::Tensor();
   gen_.set_state(state);
+  if (!draws_.load(archive, "draws")) draws_ = CounterNormal(draws_.seed());  // an older checkpoint: from the seed
 }
 
 std::vector<TensorSpec> LowRankCodec::state_for(int64_t numel) const { return {{"q", wire_shapes(numel)[1]}}; }

@@ -23,6 +23,11 @@
 //                          projection of M: ‖error‖ ≤ ‖M‖ for every message (orthogonalize.h).
 //            Parts: P̂ [rows, r] fp32, Q [cols, r] fp32; 4·r·(rows+cols) bytes. A zero column of
 //            the warm-start Q is refilled from the generator (orthogonalize.h).
+//            Paths by device: CPU messages use the per-matrix CPU kernels above; other devices
+//            (CUDA) the batched kernels of lowrank_batch.h with B = 1 (a fixed number of ATen
+//            operations whatever r, no host sync; Householder QR whatever `orthogonalize` says,
+//            the same span). There, Q's first draws and refills come from a CounterNormal seeded
+//            with `seed` (on the device, checkpointed), not from the CPU generator.
 //   int8     Per-row asymmetric quantisation of the [numel/hidden, hidden] view. Option: hidden
 //            (required). q = clamp(round((x − lo_row)·(1/scale_row)), 0, 255) (round half to
 //            even), scale_row = (max_row − min_row)/255, lo_row = min_row, except in a row with
@@ -61,6 +66,7 @@
 #pragma once
 
 #include "compression/act_codec.h"
+#include "compression/lowrank_batch.h"
 
 namespace optcc {
 
@@ -116,6 +122,8 @@ class LowRankCodec : public ActCodec {
   /// The warm-start Q [cols, r] fp32 left by the last encode (undefined before the first).
   const torch::Tensor& q() const { return q_; }
   int64_t rank_for(int64_t numel) const;  // r = min(rank, rows, cols)
+  /// Test and benchmark hook: CPU messages take the batched (device) path too.
+  void use_batched_on_cpu(bool on) { batched_on_cpu_ = on; }
 
  protected:
   Payload encode_impl(const torch::Tensor& x) override;
@@ -126,7 +134,10 @@ class LowRankCodec : public ActCodec {
   int64_t rank_;
   bool qr_ = false;
   at::Generator gen_;  // CPU, seeded once; draws Q only when it is (re)initialised
+  CounterNormal draws_;  // the batched path's draws (lowrank_batch.h), same seed
+  bool batched_on_cpu_ = false;
   torch::Tensor q_;    // [cols, r] fp32, on the device of the last x
+  Payload encode_batched(const torch::Tensor& m, int64_t r);  // the non-CPU path
 };
 
 /// int8 (bits = 8) and int4 (bits = 4).

@@ -53,7 +53,9 @@ struct PowerSgdReducer::Split {
 };
 
 PowerSgdReducer::PowerSgdReducer(PowerSgdOptions options)
-    : opt_(std::move(options)), gen_(at::make_generator<at::CPUGeneratorImpl>(opt_.seed)) {}
+    : opt_(std::move(options)),
+      gen_(at::make_generator<at::CPUGeneratorImpl>(opt_.seed)),
+      draws_(static_cast<uint64_t>(opt_.seed)) {}
 
 std::string PowerSgdReducer::name() const {
   return fmt::format("powersgd(rank={}, min_compression_rate={}, warmup_steps={}, error_feedback={}, "
@@ -270,6 +272,112 @@ void PowerSgdReducer::finish_low_rank(const Split& p, std::vector<torch::Tensor>
   }
 }
 
+// --- the batched path (non-CPU devices; see powersgd.h) ---------------------------------------------
+
+struct PowerSgdReducer::Group {
+  std::vector<size_t> ks;  // entries of Split::low, in order
+  int64_t rows = 0, cols = 0, r = 0;
+};
+
+std::vector<PowerSgdReducer::Group> PowerSgdReducer::groups(const Split& p) const {
+  std::vector<Group> out;
+  for (size_t k = 0; k < p.low.size(); ++k) {
+    auto it = std::find_if(out.begin(), out.end(), [&](const Group& g) { return g.rows == p.rows[k] && g.cols == p.cols[k]; });
+    if (it == out.end()) {
+      out.push_back(Group{{}, p.rows[k], p.cols[k], p.r[k]});
+      it = std::prev(out.end());
+    }
+    it->ks.push_back(k);
+  }
+  return out;
+}
+
+// M of a group as one tensor [B, rows, cols] fp32. EF on: the group's residual buffer, which M
+// = grad + EF is added into in place (the residuals ef_[i] are its slices); rebuilt, with one copy,
+// when it does not exist yet or its slices are not the residuals any more (first call, a load, a
+// move to another device). EF off: a stacked fp32 copy of the gradients.
+torch::Tensor PowerSgdReducer::batch_m(const Split& p, const Group& g, std::vector<torch::Tensor>& grads) {
+  const auto grad = [&](size_t b) { return grads[p.low[g.ks[b]]].reshape({g.rows, g.cols}); };
+  const size_t n = g.ks.size();
+  std::vector<torch::Tensor> ms;
+  if (!opt_.error_feedback) {
+    for (size_t b = 0; b < n; ++b) ms.push_back(grad(b).to(torch::kFloat));
+    return torch::stack(ms);
+  }
+  const auto& first = ef_[p.low[g.ks[0]]];
+  torch::Tensor base;
+  if (first.defined() && first.is_view()) base = torch::Tensor(first._base());
+  bool slices = base.defined() && base.dim() == 3 && base.size(0) == static_cast<int64_t>(n) &&
+                base.size(1) == g.rows && base.size(2) == g.cols && base.scalar_type() == torch::kFloat;
+  for (size_t b = 0; slices && b < n; ++b) {
+    const auto& e = ef_[p.low[g.ks[b]]];
+    slices = e.defined() && e.is_view() && e._base().is_same(base) &&
+             e.data_ptr<float>() == base.data_ptr<float>() + static_cast<int64_t>(b) * g.rows * g.cols;
+  }
+  if (slices) {
+    for (size_t b = 0; b < n; ++b) ef_[p.low[g.ks[b]]].add_(grad(b));
+    return base;
+  }
+  for (size_t b = 0; b < n; ++b) {
+    const auto& e = ef_[p.low[g.ks[b]]];
+    ms.push_back(e.defined() ? e.view({g.rows, g.cols}) + grad(b) : grad(b).to(torch::kFloat));
+  }
+  base = torch::stack(ms);  // [B, rows, cols]
+  for (size_t b = 0; b < n; ++b) ef_[p.low[g.ks[b]]] = base.select(0, static_cast<int64_t>(b));
+  return base;
+}
+
+// Steps 3-8 with one batched operation per group and step (powersgd.h). P and Q are packed group
+// after group (each group's factors one [B, rows, r] and one [B, cols, r] block).
+void PowerSgdReducer::reduce_batched(const Split& p, std::vector<torch::Tensor>& grads, Communicator& dp) {
+  const auto fopt = grads[0].options().dtype(torch::kFloat);
+  const auto gs = groups(p);
+  auto p_all = torch::empty({p.p_numel}, fopt);  // [Σ rows·r] fp32
+  auto q_all = torch::empty({p.q_numel}, fopt);  // [Σ cols·r] fp32
+  std::vector<torch::Tensor> ms, ps, qs;         // per group: [B, rows, cols], [B, rows, r], [B, cols, r]
+  int64_t po = 0, qo = 0;
+  for (const auto& g : gs) {
+    const int64_t n = static_cast<int64_t>(g.ks.size());
+    ps.push_back(p_all.narrow(0, po, n * g.rows * g.r).view({n, g.rows, g.r}));
+    qs.push_back(q_all.narrow(0, qo, n * g.cols * g.r).view({n, g.cols, g.r}));
+    po += n * g.rows * g.r, qo += n * g.cols * g.r;
+    ms.push_back(batch_m(p, g, grads));
+    std::vector<torch::Tensor> q0;  // warm start; a tensor without one starts from zeros, drawn below
+    for (size_t k : g.ks) {
+      const auto& q = q_[p.low[k]];
+      q0.push_back(q.defined() ? q : torch::zeros({g.cols, g.r}, fopt));
+    }
+    auto q = torch::stack(q0);  // [B, cols, r]
+    prepare_q_batched_(q, draws_);
+    lowrank_encode_p(ms.back(), q, ps.back());
+  }
+  if (p.p_numel > 0) dp.all_reduce(p_all, traffic_class());
+  if (!p.raw.empty()) reduce_raw(p, grads, dp);
+  for (size_t j = 0; j < gs.size(); ++j) {
+    lowrank_encode_q(ms[j], ps[j], qs[j]);
+    if (opt_.error_feedback && opt_.ef_residual == "local") {
+      ms[j].baddbmm_(ps[j], qs[j].transpose(1, 2), 1.0, -1.0);  // EF = M − P̂ Q_localᵀ, in place
+    }
+  }
+  if (p.q_numel > 0) {
+    dp.all_reduce(q_all, traffic_class());
+    q_all.div_(dp.size());
+  }
+  for (size_t j = 0; j < gs.size(); ++j) {
+    const auto& g = gs[j];
+    const auto out = torch::bmm(ps[j], qs[j].transpose(1, 2));  // [B, rows, cols] ≈ DP mean
+    if (opt_.error_feedback && opt_.ef_residual == "averaged") ms[j].sub_(out);  // EF = M − out
+    for (size_t b = 0; b < g.ks.size(); ++b) {
+      const size_t i = p.low[g.ks[b]];
+      grads[i].copy_(out.select(0, static_cast<int64_t>(b)).view_as(grads[i]));
+      q_[i] = opt_.warm_start ? qs[j].select(0, static_cast<int64_t>(b)).clone() : torch::Tensor();
+      records_[i].compressed = true;
+      records_[i].rank = g.r;
+      records_[i].sent_bytes = (g.rows + g.cols) * g.r * 4;
+    }
+  }
+}
+
 void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp, int64_t step) {
   torch::NoGradGuard no_grad;
   bind_tensors(grads);  // the same list as the state's, before anything changes
@@ -293,6 +401,10 @@ void PowerSgdReducer::reduce(std::vector<torch::Tensor>& grads, Communicator& dp
   for (const auto& g : grads) shapes.push_back(g.sizes().vec());
   const Split p = split(shapes, opt_.min_compression_rate);
   check_q_shapes(p);  // before any state changes
+  if (!grads[0].is_cpu() || batched_on_cpu_) {
+    reduce_batched(p, grads, dp);
+    return;
+  }
   const auto fopt = grads[0].options().dtype(torch::kFloat);
   Factors f;
   f.p_all = torch::empty({p.p_numel}, fopt);  // [Σ rows·r] fp32
@@ -310,9 +422,11 @@ void PowerSgdReducer::save(torch::serialize::OutputArchive& archive) const {
     std::lock_guard<std::mutex> lock(gen_.mutex());
     archive.write("powersgd.generator", gen_.get_state());
   }
+  draws_.save(archive, "powersgd.draws");
   save_tensors(archive, "powersgd.tensors");
   for (size_t i = 0; i < q_.size(); ++i) {
-    if (ef_[i].defined()) archive.write("powersgd.ef." + std::to_string(i), ef_[i]);
+    // A slice of the batched path's group buffer is written alone (a view would carry the buffer).
+    if (ef_[i].defined()) archive.write("powersgd.ef." + std::to_string(i), ef_[i].is_view() ? ef_[i].clone() : ef_[i]);
     if (q_[i].defined()) archive.write("powersgd.q." + std::to_string(i), q_[i]);
   }
 }
@@ -331,6 +445,7 @@ void PowerSgdReducer::load(torch::serialize::InputArchive& archive) {
     std::lock_guard<std::mutex> lock(gen_.mutex());
     gen_.set_state(gen_state);
   }
+  if (!draws_.load(archive, "powersgd.draws")) draws_ = CounterNormal(static_cast<uint64_t>(opt_.seed));
   ef_.assign(n, torch::Tensor());
   q_.assign(n, torch::Tensor());
   for (size_t i = 0; i < n; ++i) {

@@ -26,9 +26,25 @@
 //      local (epfml pip package, BR-05): EF_i := M_i − P̂_i Q_i,localᵀ (Q before its all-reduce).
 //      Raw tensors keep no EF (they are exact).
 // Payload per call: P Σ rows·r_eff·4, Q Σ cols·r_eff·4, raw Σ numel·4 bytes.
+//
+// Two paths, chosen by the gradients' device (same steps, same wire, same state keys):
+//   CPU tensors: per matrix, steps 3-8 one matrix at a time with the CPU kernels (orthogonalize.h
+//     with the chosen `orthogonalize`, kernels/thin_gemm.h; faster on CPU than the batched path,
+//     bench_compression reducer/powersgd/.../{per_matrix,batched}); Q draws from a CPU generator.
+//   Other devices (CUDA): batched (lowrank_batch.h). The compressed matrices are grouped by shape,
+//     and each group is one tensor [B, rows, cols]; each step is one batched operation per group,
+//     so the encode issues the same number of operations whatever r and B, with no host sync.
+//     EF of a group is one [B, rows, cols] buffer (the per-tensor residuals are views of it), so
+//     M = grad + EF needs no copy. Orthogonalisation is batched Householder QR with the same
+//     dependence rule whatever `orthogonalize` says (mgs and qr span the same space; on the batched
+//     path both are computed as QR). Q's first draws and zero-column refills come from a
+//     CounterNormal (lowrank_batch.h) seeded with `seed`, computed on the device, checkpointed.
+//   The two paths agree to fp32 rounding on full-rank inputs (both are projections onto the span
+//   of M·Q); a test holds them together on CPU.
 #pragma once
 
 #include "compression/grad_reducer.h"
+#include "compression/lowrank_batch.h"
 
 namespace optcc {
 
@@ -58,7 +74,8 @@ class PowerSgdReducer : public GradReducer {
   /// with nothing to carry is not issued. State: EF Σ rows·cols·4 (error_feedback), Q Σ cols·r·4
   /// (warm_start). ctx.compress_every_matrix reads min_compression_rate as 0.
   ReducerPlan plan(const std::vector<std::vector<int64_t>>& shapes, const PlanContext& ctx) const override;
-  /// Keys: "powersgd.rank", "powersgd.generator", "powersgd.tensors.*" (the (name, shape) list
+  /// Keys: "powersgd.rank", "powersgd.generator", "powersgd.draws.seed_counter" (the batched path's
+  /// CounterNormal; a checkpoint without it restarts that generator from `seed`), "powersgd.tensors.*" (the (name, shape) list
   /// the state belongs to, state_manifest.h), "powersgd.ef.<i>", "powersgd.q.<i>" (i = index in
   /// that list; absent when never compressed). load() checks the rank (std::invalid_argument) and
   /// the list (StateMismatch, see GradReducer::save) before changing any state.
@@ -76,6 +93,8 @@ class PowerSgdReducer : public GradReducer {
   /// Test hook: use `q` [cols, r_eff] as tensor i's Q on its next compressed call (before the
   /// re-orthonormalisation of step 4).
   void set_q(size_t i, torch::Tensor q);
+  /// Test and benchmark hook: CPU tensors take the batched path too (default: the per-matrix one).
+  void use_batched_on_cpu(bool on) { batched_on_cpu_ = on; }
 
  private:
   struct Split;  // per-call classification (powersgd.cpp)
@@ -90,6 +109,10 @@ class PowerSgdReducer : public GradReducer {
   void compute_p(const Split& p, std::vector<torch::Tensor>& grads, Factors& f);               // steps 2-4
   void reduce_raw(const Split& p, std::vector<torch::Tensor>& grads, Communicator& dp);       // step 6
   void finish_low_rank(const Split& p, std::vector<torch::Tensor>& grads, Communicator& dp, Factors& f);  // step 7
+  struct Group;  // the batched path: compressed tensors of one shape (powersgd.cpp)
+  std::vector<Group> groups(const Split& p) const;
+  torch::Tensor batch_m(const Split& p, const Group& g, std::vector<torch::Tensor>& grads);  // M [B, rows, cols], EF folded in
+  void reduce_batched(const Split& p, std::vector<torch::Tensor>& grads, Communicator& dp);  // steps 2-8
   static int64_t state_bytes(const std::vector<torch::Tensor>& ts) {
     int64_t n = 0;
     for (const auto& t : ts) n += t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
@@ -100,6 +123,8 @@ class PowerSgdReducer : public GradReducer {
   std::vector<torch::Tensor> ef_;  // per tensor [rows, cols] fp32 (compressed ones only)
   std::vector<torch::Tensor> q_;   // per tensor [cols, r_eff] fp32 (compressed ones only)
   mutable at::Generator gen_;      // CPU; Q init draws (mutable: save() locks it)
+  CounterNormal draws_;            // the batched path's Q draws, on the gradients' device
+  bool batched_on_cpu_ = false;
 };
 
 }  // namespace optcc
