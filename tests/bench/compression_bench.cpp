@@ -55,6 +55,18 @@
 //                                     fresh copy of the same gradients (copy not timed; skipped
 //                                     when the warm-up left them unchanged: identity reducers).
 //
+//   codec/lowrank/encode/fig14/<rows>x<cols>/r<r>/batched
+//                                     the lowrank encode through the batched kernels (lowrank_batch.h,
+//                                     B = 1: what CUDA messages take) beside the per-matrix CPU path
+//                                     (the name without /batched), CPU only.
+//   reducer/powersgd/reduce/fig14/<rows>x<cols>/r<r>/B4/{per_matrix,batched}
+//                                     four same-shape gradients (a stage's layers) per call, through
+//                                     the per-matrix CPU path and the batched path (powersgd.h), CPU only.
+//   opcount/lowrank/encode/96x128/r<r>/B<b>/{batched,per_matrix_tensor_ops}
+//                                     r = 4, 16, 64 and B = 1, 8, 32: one encode of B matrices, batched
+//                                     or per matrix with the tensor-operation MGS (the non-CPU path
+//                                     before batching), with counters aten_kernels and aten_calls.
+//
 // Counters:
 //   bytes_per_second  input bytes (message or gradients, fp32) per second: "GB/s of slice".
 //   ratio             codecs: 4·numel / payload_bytes(numel); reducers: raw_bytes / payload_bytes
@@ -65,6 +77,9 @@
 //                     write bytes, same CPU clock): the fraction of the bandwidth bound reached.
 //                     0 where the model is 0 bytes. Shapes that fit in the 32 MiB L3 can exceed 1
 //                     (the bound is DRAM bandwidth).
+//   aten_kernels      lowrank encodes and opcount/: the computing ATen operations one encode
+//                     issues (tests/support/op_counter.h), the CPU-visible proxy for GPU launches;
+//                     aten_calls (opcount/) every dispatcher call.
 //   GFLOPs            lowrank and powersgd: GEMM flop rate (encode 4·N·r, decode 2·N·r, PowerSGD
 //                     6·N·r per compressed matrix). A GEMM pass over M does 2r flop per 4-byte
 //                     element: at r = 16, 8 flop/B, above this machine's balance (context:
@@ -134,14 +149,18 @@
 #include <vector>
 
 #include "compression/act_codec.h"
+#include "compression/codecs.h"
 #include "compression/grad_reducer.h"
+#include "compression/lowrank_batch.h"
 #include "compression/orthogonalize.h"
+#include "compression/powersgd.h"
 #include "compression/raw_loops.h"
 #include "kernels/thin_gemm.h"
 #include "kernels/gemm.h"
 #include "compression/registry.h"
 #include "harness/parallel/communicator.h"
 #include "models/presets.h"
+#include "tests/support/op_counter.h"
 
 namespace {
 
@@ -259,7 +278,8 @@ void bm_copy(benchmark::State& state) {
 struct CodecCase {
   std::string codec;
   int64_t rows = 0, cols = 0;
-  int64_t rank = 0;  // lowrank only
+  int64_t rank = 0;      // lowrank only
+  bool batched = false;  // lowrank only: the batched (device) path on CPU tensors (lowrank_batch.h)
 };
 
 YAML::Node codec_options(const CodecCase& c) {
@@ -296,10 +316,15 @@ void bm_codec(benchmark::State& state, const CodecCase& c, bool encode) {
     state.SkipWithError(e.what());
     return;
   }
+  if (c.batched) dynamic_cast<optcc::LowRankCodec&>(*codec).use_batched_on_cpu(true);
   const int64_t numel = c.rows * c.cols;
   const auto x = random_matrix(c.rows, c.cols).reshape({-1});
   optcc::Payload p = codec->encode(x);  // warm-up (lowrank: draws Q, later encodes warm-start)
   device_sync();
+  if (c.codec == "lowrank" && encode) {  // the ATen operations of one encode (op_counter.h)
+    const auto n = optcc::testing::count_aten_ops([&] { codec->encode(x); });
+    state.counters["aten_kernels"] = static_cast<double>(n.kernels);
+  }
   if (encode) {
     for (auto _ : state) {
       auto q = codec->encode(x);
@@ -330,7 +355,8 @@ void bm_codec(benchmark::State& state, const CodecCase& c, bool encode) {
 struct ReducerCase {
   std::string reducer;
   std::vector<std::vector<int64_t>> shapes;
-  int64_t rank = 16;  // powersgd only
+  int64_t rank = 16;     // powersgd only
+  bool batched = false;  // powersgd only: the batched (device) path on CPU tensors (powersgd.h)
 };
 
 YAML::Node reducer_options(const ReducerCase& c) {
@@ -367,6 +393,7 @@ void bm_reducer(benchmark::State& state, const ReducerCase& c) {
     state.SkipWithError(e.what());
     return;
   }
+  if (c.batched) dynamic_cast<optcc::PowerSgdReducer&>(*reducer).use_batched_on_cpu(true);
   optcc::Communicator comm(optcc::ProcessGroupPtr(), {0}, 0, "bench", optcc::Link::kIntraNode, nullptr,
                            std::chrono::seconds(10));
   std::vector<torch::Tensor> fresh, grads;  // fresh: the gradients every call starts from
@@ -405,6 +432,43 @@ void bm_reducer(benchmark::State& state, const ReducerCase& c) {
   const double raw = static_cast<double>(reducer->raw_bytes());
   const double payload = static_cast<double>(reducer->payload_bytes());
   set_counters(state, raw, touch, payload > 0 ? raw / payload : 0.0, flops);
+}
+
+// --- ATen operations of one low-rank encode -------------------------------------------------------
+
+/// One encode of B matrices M [96, 128] at rank r (Q's upkeep, P = MQ, P̂, Q = MᵀP̂): `batched`, the
+/// batched kernels (lowrank_batch.h: what CUDA tensors take); else per matrix with the tensor-
+/// operation MGS (orthogonalize_mgs_tensor_ops_: what CUDA tensors took before). Times the encode
+/// and reports the ATen operations it issues (op_counter.h): aten_kernels (computing ops, the
+/// proxy for GPU launches) and aten_calls (every dispatcher call).
+void bm_encode_op_count(benchmark::State& state, int64_t r, int64_t b, bool batched) {
+  torch::NoGradGuard no_grad;
+  const auto m = torch::randn({b, 96, 128});
+  auto q = torch::randn({b, 128, r});
+  auto p = torch::empty({b, 96, r});
+  optcc::CounterNormal gen(1);
+  const auto encode = [&] {
+    if (batched) {
+      optcc::prepare_q_batched_(q, gen);
+      optcc::lowrank_encode_p(m, q, p);
+      optcc::lowrank_encode_q(m, p, q);
+      return;
+    }
+    for (int64_t i = 0; i < b; ++i) {
+      auto qi = q[i], pi = p[i];
+      optcc::orthogonalize_mgs_tensor_ops_(qi);
+      torch::mm_out(pi, m[i], qi);
+      optcc::orthogonalize_mgs_tensor_ops_(pi);
+      torch::mm_out(qi, m[i].t(), pi);
+    }
+  };
+  const auto n = optcc::testing::count_aten_ops(encode);
+  for (auto _ : state) {
+    encode();
+    benchmark::DoNotOptimize(q.data_ptr());
+  }
+  state.counters["aten_kernels"] = static_cast<double>(n.kernels);
+  state.counters["aten_calls"] = static_cast<double>(n.all);
 }
 
 // --- registration -------------------------------------------------------------------------------
@@ -586,6 +650,10 @@ void register_all() {
           for (int64_t r : kFig14Ranks) {
             add(fmt::format("{}/r{}", base, r),
                 [=](benchmark::State& st) { bm_codec(st, CodecCase{codec, rows, cols, r}, encode); });
+            if (encode && !g_cuda) {  // the batched path beside it (on CUDA the plain name is that path)
+              add(fmt::format("{}/r{}/batched", base, r),
+                  [=](benchmark::State& st) { bm_codec(st, CodecCase{codec, rows, cols, r, true}, encode); });
+            }
           }
         } else {
           add(base, [=](benchmark::State& st) { bm_codec(st, CodecCase{codec, rows, cols, 0}, encode); });
@@ -617,9 +685,25 @@ void register_all() {
         for (int64_t r : kFig14Ranks) {
           add(fmt::format("{}/r{}", base, r),
               [=](benchmark::State& st) { bm_reducer(st, ReducerCase{red, {{rows, cols}}, r}); });
+          // Four same-shape gradients (a stage's layers): per matrix against batched, same run.
+          const std::vector<std::vector<int64_t>> four(4, {rows, cols});
+          if (!g_cuda) {
+            for (bool batched : {false, true}) {
+              add(fmt::format("{}/r{}/B4/{}", base, r, batched ? "batched" : "per_matrix"),
+                  [=](benchmark::State& st) { bm_reducer(st, ReducerCase{red, four, r, batched}); });
+            }
+          }
         }
       } else {
         add(base, [=](benchmark::State& st) { bm_reducer(st, ReducerCase{red, {{rows, cols}}, 16}); });
+      }
+    }
+  }
+  for (int64_t r : {4, 16, 64}) {
+    for (int64_t b : {1, 8, 32}) {
+      for (bool batched : {true, false}) {
+        add(fmt::format("opcount/lowrank/encode/96x128/r{}/B{}/{}", r, b, batched ? "batched" : "per_matrix_tensor_ops"),
+            [=](benchmark::State& st) { bm_encode_op_count(st, r, b, batched); });
       }
     }
   }
