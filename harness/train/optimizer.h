@@ -19,8 +19,23 @@ struct LrSchedule {
   double at(int64_t step) const;  // step is 0-based: the step about to run
 };
 
-/// AdamW over two parameter groups: group 0 decays (weights, embeddings), group 1 does not
-/// (biases, LayerNorm; by parameter name, see is_no_decay_parameter).
+/// torch::optim::AdamW whose step() updates each parameter group with multi-tensor operations
+/// (ATen's _foreach_ ops: a handful of calls for all of a group's parameters instead of about ten
+/// per parameter; on CUDA each is a few fused launches over many tensors, on CPU a loop of the same
+/// per-tensor ops). Same arithmetic in the same order as AdamW::step of LibTorch (decoupled decay
+/// p·(1 − lr·wd), moments, denominator √v/√(1 − β₂ᵗ) + eps, p −= lr/(1 − β₁ᵗ)·m/denom), on the
+/// same per-parameter state (AdamWParamState: step, exp_avg, exp_avg_sq), so checkpoints are
+/// AdamW's: bit for bit equal to AdamW on CPU (a test holds them together). Parameters are grouped
+/// by their step count (one group in a run; several only after parameters joined late). amsgrad and
+/// sparse gradients take AdamW's own step.
+class MultiTensorAdamW : public torch::optim::AdamW {
+ public:
+  using torch::optim::AdamW::AdamW;
+  torch::Tensor step(LossClosure closure = nullptr) override;
+};
+
+/// AdamW (MultiTensorAdamW) over two parameter groups: group 0 decays (weights, embeddings), group 1
+/// does not (biases, LayerNorm; by parameter name, see is_no_decay_parameter).
 std::unique_ptr<torch::optim::AdamW> make_adamw(torch::nn::Module& model, const TrainConfig& t);
 
 /// Sets the learning rate of every parameter group.

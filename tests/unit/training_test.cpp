@@ -3,6 +3,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include <H5Cpp.h>
 
@@ -100,6 +101,54 @@ TEST(ClipGrad, GlobalNormAndScaling) {
   EXPECT_FLOAT_EQ(a.grad()[0].item<float>(), 3.0f);  // under the limit: untouched
   EXPECT_DOUBLE_EQ(clip_grad_global_norm({a, b}, 1.0), 5.0);
   EXPECT_NEAR(b.grad()[0].item<float>(), 0.8f, 1e-6);
+}
+
+// The multi-tensor AdamW the trainer uses against LibTorch's AdamW: two groups (with and without
+// weight decay), a parameter that skips steps (so the group holds two step counts), 6 steps; every
+// parameter and moment equal bit for bit on CPU, the state of AdamW's type.
+TEST(MultiTensorAdamW, EqualsLibTorchsAdamWBitForBit) {
+  auto make = [](uint64_t seed) {
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+    return std::vector<torch::Tensor>{torch::randn({8, 5}, gen).requires_grad_(), torch::randn({5}, gen).requires_grad_(),
+                                      torch::randn({3, 3}, gen).requires_grad_()};
+  };
+  auto a = make(1), b = make(1);
+  auto options = [](double wd) {
+    return std::make_unique<torch::optim::AdamWOptions>(
+        torch::optim::AdamWOptions(3e-3).betas({0.9, 0.95}).eps(1e-8).weight_decay(wd));
+  };
+  auto groups = [&](std::vector<torch::Tensor>& ps) {
+    std::vector<torch::optim::OptimizerParamGroup> g;
+    g.emplace_back(std::vector<torch::Tensor>{ps[0], ps[2]}, options(0.1));
+    g.emplace_back(std::vector<torch::Tensor>{ps[1]}, options(0.0));
+    return g;
+  };
+  torch::optim::AdamW reference(groups(a), torch::optim::AdamWOptions(3e-3));
+  MultiTensorAdamW multi(groups(b), torch::optim::AdamWOptions(3e-3));
+  for (int step = 0; step < 6; ++step) {
+    for (size_t i = 0; i < a.size(); ++i) {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(100 + 10 * step + i);
+      const bool skip = i == 2 && step % 2 == 0;  // no gradient: no update, its step count lags
+      const auto g = torch::randn(a[i].sizes(), gen);
+      a[i].mutable_grad() = skip ? torch::Tensor() : g.clone();
+      b[i].mutable_grad() = skip ? torch::Tensor() : g.clone();
+    }
+    reference.step();
+    multi.step();
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(torch::equal(a[i], b[i])) << "step " << step << " parameter " << i;
+  }
+  for (size_t i = 0; i < a.size(); ++i) {
+    const auto& ra = static_cast<torch::optim::AdamWParamState&>(
+        *reference.state().at(c10::guts::to_string(a[i].unsafeGetTensorImpl())));
+    const auto* mb = dynamic_cast<torch::optim::AdamWParamState*>(
+        multi.state().at(c10::guts::to_string(b[i].unsafeGetTensorImpl())).get());
+    ASSERT_NE(mb, nullptr);
+    EXPECT_EQ(ra.step(), mb->step()) << i;
+    EXPECT_TRUE(torch::equal(ra.exp_avg(), mb->exp_avg())) << i;
+    EXPECT_TRUE(torch::equal(ra.exp_avg_sq(), mb->exp_avg_sq())) << i;
+  }
+  EXPECT_EQ(static_cast<torch::optim::AdamWParamState&>(
+                *multi.state().at(c10::guts::to_string(b[2].unsafeGetTensorImpl()))).step(), 3);
 }
 
 TEST(Training, LossFallsOnTinyRun) {
