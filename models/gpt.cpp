@@ -1,5 +1,7 @@
 #include "models/gpt.h"
+
 #include "compat/fused_attention.h"
+#include "models/chunked_loss.h"
 #include "models/flops.h"
 #include "kernels/gemm.h"
 
@@ -178,7 +180,13 @@ torch::Tensor GptModelImpl::head_loss(const torch::Tensor& x, const torch::Tenso
   // Mixed precision: the logits GEMM in the compute dtype, the cross-entropy on fp32 logits.
   auto h = norm_fp32(final_ln, x);
   if (tp_size(tp_) == 1) {  // one rank: logits over the true vocabulary only (no padded columns)
-    auto logits = gemm_linear(h, embedding->weight_as(h.scalar_type()).narrow(0, 0, opt_.vocab_size));  // x·Eᵀ
+    const auto weight = embedding->weight_as(h.scalar_type()).narrow(0, 0, opt_.vocab_size);  // [V, h]
+    const int64_t rows = h.numel() / h.size(-1);
+    if (rows * opt_.vocab_size * 4 > kPlainLogitsBytes) {  // large logits: never all of them in fp32 at once
+      return chunked_lm_cross_entropy(h.reshape({rows, h.size(-1)}), weight, labels.t().reshape({-1}),
+                                      chunked_loss_rows(opt_.vocab_size));
+    }
+    auto logits = gemm_linear(h, weight);  // x·Eᵀ
     return F::cross_entropy(logits.reshape({-1, opt_.vocab_size}).to(torch::kFloat), labels.t().reshape({-1}));
   }
   auto logits = parallel_lm_logits(h, embedding->weight_as(h.scalar_type()), tp_).to(torch::kFloat);  // [s, b, Vp/t]

@@ -134,6 +134,8 @@ class GptModelImpl : public torch::nn::Module {
   /// This stage's blocks: [s, b, h] -> [s, b, h].
   torch::Tensor run_layers(torch::Tensor x);
   /// Last stage: hidden [s, b, h] and labels [b, s] int64 -> mean cross-entropy (nats), fp32 scalar.
+  /// At TP 1, logits larger than kPlainLogitsBytes in fp32 go through chunked_lm_cross_entropy
+  /// (models/chunked_loss.h: never all fp32 logits at once); else the plain cross-entropy.
   torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& labels);
   /// Last stage: hidden [s, b, h] -> fp32 logits [s, b, V] over the true vocabulary (padding dropped),
   /// gathered over the TP group (collective over it: every TP rank calls it).
