@@ -8,10 +8,12 @@
 #pragma once
 
 #include <c10/core/Allocator.h>
+#include <c10/core/TensorImpl.h>
 #include <torch/version.h>
 
 #include <cstdint>
 #include <cstddef>
+#include <sstream>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -53,6 +55,20 @@ struct HasUseLibUv<Options, std::void_t<decltype(std::declval<Options&>().useLib
 template <class Options>  // c10d::TCPStoreOptions; a template so that 1.13 never sees the member
 void use_classic_tcpstore(Options& opts) {
   if constexpr (HasUseLibUv<Options>::value) opts.useLibUV = false;
+}
+
+/// The key an optimizer's state map (torch::optim::Optimizer::state()) files a parameter under: its
+/// TensorImpl's address, as text in 1.13 (what `ostream << pointer` prints) and as the pointer in 2.x.
+template <typename StateMap>
+typename StateMap::key_type optimizer_state_key(const StateMap&, c10::TensorImpl* impl) {
+  using Key = typename StateMap::key_type;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream text;
+    text << impl;
+    return text.str();
+  } else {
+    return static_cast<Key>(impl);
+  }
 }
 
 // --- what this build can run ---------------------------------------------------------------------

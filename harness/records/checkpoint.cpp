@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "compat/torch_compat.h"
 
 namespace optcc {
 namespace fs = std::filesystem;
@@ -486,20 +487,6 @@ std::vector<std::string> non_finite_saved(const std::string& prefix,
   return non_finite_tensors(in, prefix);
 }
 
-// The optimizer's own key for a parameter's state: the TensorImpl address, as text (LibTorch 1.13)
-// or as the pointer (2.x).
-template <typename StateMap>
-typename StateMap::key_type state_key(const StateMap&, c10::TensorImpl* impl) {
-  using Key = typename StateMap::key_type;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream text;
-    text << impl;
-    return text.str();
-  } else {
-    return static_cast<Key>(impl);
-  }
-}
-
 // AdamW's (or Adam's) moments, checked where they live (no copy); nullopt for another optimizer.
 std::optional<std::vector<std::string>> non_finite_adam_moments(torch::optim::Optimizer& optimizer) {
   std::vector<std::string> bad;
@@ -507,7 +494,7 @@ std::optional<std::vector<std::string>> non_finite_adam_moments(torch::optim::Op
   for (size_t g = 0; g < groups.size(); ++g) {
     for (size_t i = 0; i < groups[g].params().size(); ++i) {
       const auto& state = optimizer.state();
-      const auto it = state.find(state_key(state, groups[g].params()[i].unsafeGetTensorImpl()));
+      const auto it = state.find(optimizer_state_key(state, groups[g].params()[i].unsafeGetTensorImpl()));
       if (it == state.end()) continue;
       std::vector<std::pair<std::string, torch::Tensor>> moments;
       if (const auto* w = dynamic_cast<const torch::optim::AdamWParamState*>(it->second.get())) {

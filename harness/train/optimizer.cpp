@@ -4,6 +4,7 @@
 #include <map>
 #include <vector>
 
+#include "compat/torch_compat.h"
 #include "harness/train/grad_sync.h"
 #include "models/gpt.h"
 
@@ -61,7 +62,7 @@ torch::Tensor MultiTensorAdamW::step(LossClosure closure) {
     std::vector<torch::Tensor> decayed;
     for (auto& p : group.params()) {
       if (!p.grad().defined()) continue;
-      const auto key = c10::guts::to_string(p.unsafeGetTensorImpl());
+      const auto key = optimizer_state_key(state_, p.unsafeGetTensorImpl());
       auto it = state_.find(key);
       if (it == state_.end()) {
         auto fresh = std::make_unique<torch::optim::AdamWParamState>();

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "compat/torch_compat.h"
 #include "harness/records/checkpoint.h"
 #include "harness/records/results_reader.h"
 #include "harness/config/config.h"
@@ -139,16 +140,16 @@ TEST(MultiTensorAdamW, EqualsLibTorchsAdamWBitForBit) {
   }
   for (size_t i = 0; i < a.size(); ++i) {
     const auto& ra = static_cast<torch::optim::AdamWParamState&>(
-        *reference.state().at(c10::guts::to_string(a[i].unsafeGetTensorImpl())));
+        *reference.state().at(optimizer_state_key(reference.state(), a[i].unsafeGetTensorImpl())));
     const auto* mb = dynamic_cast<torch::optim::AdamWParamState*>(
-        multi.state().at(c10::guts::to_string(b[i].unsafeGetTensorImpl())).get());
+        multi.state().at(optimizer_state_key(multi.state(), b[i].unsafeGetTensorImpl())).get());
     ASSERT_NE(mb, nullptr);
     EXPECT_EQ(ra.step(), mb->step()) << i;
     EXPECT_TRUE(torch::equal(ra.exp_avg(), mb->exp_avg())) << i;
     EXPECT_TRUE(torch::equal(ra.exp_avg_sq(), mb->exp_avg_sq())) << i;
   }
   EXPECT_EQ(static_cast<torch::optim::AdamWParamState&>(
-                *multi.state().at(c10::guts::to_string(b[2].unsafeGetTensorImpl()))).step(), 3);
+                *multi.state().at(optimizer_state_key(multi.state(), b[2].unsafeGetTensorImpl()))).step(), 3);
 }
 
 TEST(Training, LossFallsOnTinyRun) {
