@@ -148,16 +148,31 @@ std::vector<CheckpointPart> GradientSync::checkpoint_parts() {
   return parts;
 }
 
+double sum_of_squares(const std::vector<torch::Tensor>& grads) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> sums;  // per tensor a 0-d double (exact: a widening of its own dtype's sum)
+  for (const auto& g : grads) {
+    if (g.defined()) sums.push_back(g.pow(2).sum().to(torch::kDouble));
+  }
+  if (sums.empty()) return 0.0;
+  const auto host = torch::stack(sums).cpu();  // the one host sync
+  const double* v = host.data_ptr<double>();
+  double total = 0.0;
+  for (int64_t i = 0; i < host.numel(); ++i) total += v[i];  // list order, as the loop it replaces
+  return total;
+}
+
 double global_grad_norm(GptModel& model, Communicator* model_parallel, int tp_rank, int stages) {
   torch::NoGradGuard no_grad;
-  double sum_sq = 0.0;
+  std::vector<torch::Tensor> counted;
   for (const auto& item : model->named_parameters()) {
     const auto& g = item.value().grad();
     if (!g.defined()) continue;
     if (is_tp_replicated_parameter(item.key()) && tp_rank != 0) continue;
     if (item.key() == "embedding.weight" && stages > 1 && !model->stage().is_first) continue;
-    sum_sq += g.pow(2).sum().item<double>();
+    counted.push_back(g);
   }
+  double sum_sq = sum_of_squares(counted);
   if (model_parallel && model_parallel->size() > 1) {
     auto t = torch::tensor({sum_sq}, torch::kDouble);
     model_parallel->all_reduce(t, Traffic::kControl);
@@ -170,9 +185,11 @@ void clip_grads_to(const std::vector<torch::Tensor>& params, double norm, double
   if (!(max_norm > 0 && norm > max_norm)) return;
   torch::NoGradGuard no_grad;
   const double scale = max_norm / (norm + 1e-6);
+  std::vector<torch::Tensor> grads;
   for (const auto& p : params) {
-    if (p.grad().defined()) p.grad().mul_(scale);
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
+  if (!grads.empty()) at::_foreach_mul_(grads, scale);
 }
 
 }  // namespace optcc

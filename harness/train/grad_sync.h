@@ -107,9 +107,16 @@ class GradientSync {
 /// every TP rank, TP-replicated ones (LayerNorm, position embedding, row-parallel biases) on TP rank
 /// 0 only, and the last stage's copy of the word embedding not at all when pp > 1 (it equals stage
 /// 0's). All-reduced over `model_parallel` (null = this rank alone). Same value on every rank.
+/// One host synchronisation (sum_of_squares), whatever the number of parameters.
 double global_grad_norm(GptModel& model, Communicator* model_parallel, int tp_rank, int stages);
 
-/// Scales every gradient by max_norm / (norm + 1e-6) when norm > max_norm > 0.
+/// Σ over `grads` (defined ones) of Σ g², each tensor's sum in its own dtype (ATen's sum), the
+/// tensors' sums added in double in list order on the host: the value a loop of
+/// `g.pow(2).sum().item<double>()` gives, with one host synchronisation instead of one per tensor.
+double sum_of_squares(const std::vector<torch::Tensor>& grads);
+
+/// Scales every gradient by max_norm / (norm + 1e-6) when norm > max_norm > 0 (one multi-tensor
+/// operation).
 void clip_grads_to(const std::vector<torch::Tensor>& params, double norm, double max_norm);
 
 }  // namespace optcc

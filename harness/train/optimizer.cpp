@@ -104,12 +104,9 @@ void set_lr(torch::optim::Optimizer& opt, double lr) {
 }
 
 double clip_grad_global_norm(const std::vector<torch::Tensor>& params, double max_norm) {
-  torch::NoGradGuard no_grad;
-  double sum_sq = 0.0;
-  for (const auto& p : params) {
-    if (p.grad().defined()) sum_sq += p.grad().pow(2).sum().item<double>();
-  }
-  const double norm = std::sqrt(sum_sq);
+  std::vector<torch::Tensor> grads;
+  for (const auto& p : params) grads.push_back(p.grad());
+  const double norm = std::sqrt(sum_of_squares(grads));  // one host sync
   clip_grads_to(params, norm, max_norm);
   return norm;
 }

@@ -16,6 +16,7 @@
 #include "harness/records/results_reader.h"
 #include "harness/config/config.h"
 #include "harness/train/run_records.h"
+#include "harness/train/grad_sync.h"
 #include "harness/train/optimizer.h"
 #include "harness/train/trainer.h"
 #include "models/gpt.h"
@@ -150,6 +151,20 @@ TEST(MultiTensorAdamW, EqualsLibTorchsAdamWBitForBit) {
   }
   EXPECT_EQ(static_cast<torch::optim::AdamWParamState&>(
                 *multi.state().at(optimizer_state_key(multi.state(), b[2].unsafeGetTensorImpl()))).step(), 3);
+}
+
+// The gradient norm's one-sync form against the per-tensor loop it replaced: the same double, bit
+// for bit (each tensor's sum in its dtype, the sums added in list order).
+TEST(ClipGrad, SumOfSquaresEqualsThePerTensorLoopExactly) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  std::vector<torch::Tensor> grads{torch::randn({300, 7}, gen), torch::Tensor(), torch::randn({1000}, gen) * 1e3,
+                                   torch::randn({3}, gen) * 1e-4, torch::randn({64, 64}, gen)};
+  double loop = 0.0;
+  for (const auto& g : grads) {
+    if (g.defined()) loop += g.pow(2).sum().item<double>();
+  }
+  EXPECT_EQ(sum_of_squares(grads), loop);
+  EXPECT_EQ(sum_of_squares({}), 0.0);
 }
 
 TEST(Training, LossFallsOnTinyRun) {
