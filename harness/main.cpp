@@ -124,7 +124,7 @@ struct Cli {
   std::string data_action;
   bool data_retrain = false;
   CLI::App* bench_step = nullptr;
-  int64_t bench_steps = 10, bench_warmup = 2, bench_threads = 1;
+  int64_t bench_steps = 10, bench_warmup = 2, bench_threads = 1, bench_profile = 0;
   std::string bench_precision;  // empty: the config's train.precision
   CLI::App* comm_check = nullptr;
   CommCheckOptions check_opts;
@@ -188,6 +188,10 @@ void add_bench_command(CLI::App& app, Cli& c) {
   c.bench_step->add_option("--warmup", c.bench_warmup, "untimed steps first")->transform(decimal_integer());
   c.bench_step->add_option("--threads", c.bench_threads, "intra-op threads (0 = config's)")->transform(decimal_integer());
   c.bench_step->add_option("--precision", c.bench_precision, "train.precision of the step: fp32 | bf16 (default: the config's)");
+  c.bench_step->add_option("--profile", c.bench_profile,
+                           "after the timed steps, profile one more (LibTorch's profiler) and print its N operations "
+                           "with the most self time (GPU time on CUDA)")
+      ->transform(decimal_integer());
 }
 
 // comm-check, and --nproc for it and for train.
@@ -398,7 +402,8 @@ int train_command(const Cli& c, const Config& cfg, int argc, char** argv) {
 
 int bench_command(const Cli& c, Config cfg) {
   if (!c.bench_precision.empty()) cfg.train.precision = c.bench_precision;  // validated by bench_step
-  auto r = bench_step(cfg, c.bench_steps, c.bench_warmup, c.bench_threads);
+  if (c.bench_profile < 0) throw ConfigError(fmt::format("--profile {}: must be >= 0 (0 = no profile)", c.bench_profile));
+  auto r = bench_step(cfg, c.bench_steps, c.bench_warmup, c.bench_threads, c.bench_profile);
   std::string gemms;
   for (const auto& [name, gflops] : r.gemm) gemms += fmt::format("{}{} {:.1f}", gemms.empty() ? "" : ", ", name, gflops);
   std::cout << fmt::format(
@@ -411,6 +416,20 @@ int bench_command(const Cli& c, Config cfg) {
       r.allocator,
       r.precision, gemms, r.step_seconds * 1e3, r.tokens_per_second,
       r.model_gflops, r.gemm_gflops, r.gemm_library, r.ratio);
+  if (!r.profile.empty()) {
+    double self_total = 0;
+    for (const auto& op : r.profile) self_total += op.self_ms;
+    std::cout << fmt::format("  profile of one more step ({:.1f} ms under the profiler; {} clock): top {} operations by "
+                             "self time, {:.1f} ms together\n",
+                             r.profile_step_ms, r.profile_clock, r.profile.size(), self_total)
+              << fmt::format("  | {:<40} | {:>7} | {:>10} | {:>6} | {:>10} |\n", "operation", "calls", "self ms",
+                             "% step", "total ms")
+              << fmt::format("  |{:-<42}|{:->9}|{:->12}|{:->8}|{:->12}|\n", "", "", "", "", "");
+    for (const auto& op : r.profile) {
+      std::cout << fmt::format("  | {:<40} | {:>7} | {:>10.2f} | {:>6.1f} | {:>10.2f} |\n", op.name, op.calls,
+                               op.self_ms, 100.0 * op.self_ms / r.profile_step_ms, op.total_ms);
+    }
+  }
   return 0;
 }
 

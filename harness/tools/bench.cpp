@@ -1,10 +1,12 @@
 #include "harness/tools/bench.h"
 
+#include <torch/csrc/autograd/profiler_legacy.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <map>
 
 #include "harness/train/optimizer.h"
 #include "harness/parallel/allocator.h"
@@ -88,9 +90,52 @@ void measure_gemm_rates(StepBenchResult& r, const GptOptions& o, int64_t micro_b
   r.gemm.push_back({r.gemm_library, r.gemm_gflops});
 }
 
+/// The operations of a legacy profile by self time, largest first (at most `top`). Each thread's
+/// events are push/pop pairs (matched by their RecordFunction handle) nested like the calls; self =
+/// span − the spans of the calls directly inside. On `cuda`, spans on the GPU's clock.
+std::vector<ProfiledOp> top_operations(const torch::autograd::profiler::thread_event_lists& lists, bool cuda,
+                                       int64_t top) {
+  using torch::autograd::profiler::EventKind;
+  using torch::autograd::profiler::LegacyEvent;
+  std::map<std::string, ProfiledOp> by_name;
+  for (const auto& events : lists) {
+    struct Open {
+      const LegacyEvent* push;
+      double children_ms = 0;
+    };
+    std::vector<Open> open;
+    for (const auto& e : events) {
+      if (e.kind() == EventKind::PushRange) {
+        open.push_back({&e});
+      } else if (e.kind() == EventKind::PopRange && !open.empty()) {
+        auto it = std::find_if(open.rbegin(), open.rend(), [&](const Open& o) { return o.push->handle() == e.handle(); });
+        if (it == open.rend()) continue;
+        const LegacyEvent& push = *it->push;
+        const double span_ms = (cuda && push.hasCuda() ? push.cudaElapsedUs(e) : push.cpuElapsedUs(e)) / 1e3;
+        std::string name = push.name();  // optcc's autograd nodes without the namespace noise
+        for (const std::string noise : {"torch::autograd::", "optcc::(anonymous namespace)::", "optcc::"}) {
+          for (auto at = name.find(noise); at != std::string::npos; at = name.find(noise)) name.erase(at, noise.size());
+        }
+        auto& op = by_name[name];
+        op.name = name;
+        op.calls += 1;
+        op.total_ms += span_ms;
+        op.self_ms += span_ms - it->children_ms;
+        open.erase(std::next(it).base(), open.end());
+        if (!open.empty()) open.back().children_ms += span_ms;
+      }
+    }
+  }
+  std::vector<ProfiledOp> out;
+  for (auto& [name, op] : by_name) out.push_back(op);
+  std::sort(out.begin(), out.end(), [](const ProfiledOp& a, const ProfiledOp& b) { return a.self_ms > b.self_ms; });
+  if (static_cast<int64_t>(out.size()) > top) out.resize(static_cast<size_t>(top));
+  return out;
+}
+
 }  // namespace
 
-StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t threads) {
+StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t threads, int64_t profile_top) {
   if (cfg.model.vocab_size == 0) {
     try {
       resolve_vocab(cfg);
@@ -119,15 +164,29 @@ StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t th
   auto batch = torch::randint(0, o.vocab_size, {cfg.train.micro_batch_size, o.seq_len + 1}, torch::kLong)
                    .to(placement.device);
 
-  std::vector<double> times;
-  for (int64_t i = 0; i < warmup + steps; ++i) {
-    auto t0 = Clock::now();
+  const auto one_step = [&] {
     optimizer->zero_grad();
     for (int64_t m = 0; m < micro_batches; ++m) (model->loss(batch) / static_cast<double>(micro_batches)).backward();
     clip_grad_global_norm(params, cfg.train.clip_grad);
     optimizer->step();
     synchronize(placement.device);  // CUDA: the step is over when the GPU is done
+  };
+  std::vector<double> times;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    auto t0 = Clock::now();
+    one_step();
     if (i >= warmup) times.push_back(seconds_since(t0));
+  }
+  if (profile_top > 0) {
+    namespace prof = torch::autograd::profiler;
+    const bool cuda = placement.on_gpu();
+    prof::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(
+        cuda ? torch::profiler::impl::ProfilerState::CUDA : torch::profiler::impl::ProfilerState::CPU));
+    const auto t0 = Clock::now();
+    one_step();
+    r.profile_step_ms = seconds_since(t0) * 1e3;
+    r.profile = top_operations(prof::disableProfilerLegacy(), cuda, profile_top);
+    r.profile_clock = cuda ? "CUDA" : "CPU";
   }
   r.step_seconds = median(times);
   r.tokens_per_second = cfg.train.global_batch_size * o.seq_len / r.step_seconds;

@@ -8,7 +8,8 @@
 #          h 2048, 16 heads), each in bf16 and in fp32 (TF32 off): MFU = model GFLOP/s / the GPU's
 #          dense peak in that precision (scripts/gpu/peaks.tsv, looked up by the GPU's name; the
 #          peaks used are printed); model.attention auto (the fused kernel on a GPU), and the 1.3B
-#          model once more with model.attention explicit (1.3b-explicit)
+#          model once more with model.attention explicit (1.3b-explicit); each log ends with the
+#          20 operations of one profiled step with the most GPU self time (bench step --profile)
 #   fig14  bench_compression's Fig. 14 set on cuda:0 (OPTCC_BENCH_DEVICE=cuda) -> OUT/fig14-cuda.json,
 #          then the same compressor in PyTorch-Python on the same GPU (reference_lowrank.py)
 #          -> OUT/fig14-reference.json
@@ -187,6 +188,8 @@ dry_run() {
     die "harness/main.cpp no longer prints 'step {:.1f} ms | {:.0f} tokens/s | model' (bench step): update bench_one() in scripts/gpu/check.sh"
   grep -qF '"--precision"' "$REPO/harness/main.cpp" ||
     die "optcc bench step has no --precision: bench_one() in scripts/gpu/check.sh passes it"
+  grep -qF '"--profile"' "$REPO/harness/main.cpp" ||
+    die "optcc bench step has no --profile: bench_one() in scripts/gpu/check.sh passes it (the top-kernels table)"
   grep -qF '{"loss", ColumnType::kFloat64' "$REPO/harness/train/run_records.cpp" ||
     die "harness/train/run_records.cpp has no /train loss column: scripts/gpu/loss_parity.py reads it"
   grep -qE 'std::string device = ' "$REPO/harness/config/config.h" ||
@@ -396,7 +399,7 @@ bench_one() {
   peak=$(eval echo "\${PEAK_$prec:-1e-9}")
   t=$(date +%s)
   timed "$limit" "$log" "$BUILD/optcc" bench step --config experiments/bench-mini.yaml --steps 10 --warmup 2 \
-    --precision "$prec" --set parallel.device="$DEV" --set model.vocab_size=50257 "$@" || rc=$?
+    --precision "$prec" --profile 20 --set parallel.device="$DEV" --set model.vocab_size=50257 "$@" || rc=$?
   model=$(sed -n 's/.*| model \([0-9.]*\) GFLOP\/s.*/\1/p' "$log" | tail -1)
   gemm=$(sed -n 's/.*| best GEMM \([0-9.]*\) GFLOP\/s.*/\1/p' "$log" | tail -1)
   step=$(sed -n 's/.*  step \([0-9.]*\) ms |.*/\1/p' "$log" | tail -1)
