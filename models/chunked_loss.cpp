@@ -1,6 +1,7 @@
 #include "models/chunked_loss.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace optcc {
 namespace {
@@ -8,20 +9,23 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::tensor_list;
 
-/// One chunk's fp32 logits [c, V] of h_c [c, hidden] and weight [V, hidden] (GEMM in their dtype).
-torch::Tensor chunk_logits(const torch::Tensor& h_c, const torch::Tensor& weight) {
-  return torch::mm(h_c, weight.t()).to(torch::kFloat);
+/// One chunk's fp32 logits [c, Vp] of h_c [c, hidden] and weight [Vp, hidden] (GEMM in their dtype),
+/// the columns from `vocab` on (padding) set to −inf.
+torch::Tensor chunk_logits(const torch::Tensor& h_c, const torch::Tensor& weight, int64_t vocab) {
+  auto logits = torch::mm(h_c, weight.t()).to(torch::kFloat);
+  if (vocab < logits.size(1)) logits.narrow(1, vocab, logits.size(1) - vocab).fill_(-std::numeric_limits<float>::infinity());
+  return logits;
 }
 
 struct ChunkedLmCrossEntropy : torch::autograd::Function<ChunkedLmCrossEntropy> {
   static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& h, const torch::Tensor& weight,
-                               const torch::Tensor& labels, int64_t chunk_rows) {
+                               const torch::Tensor& labels, int64_t vocab, int64_t chunk_rows) {
     const int64_t n = h.size(0);
     auto lse = torch::empty({n}, h.options().dtype(torch::kFloat));
     auto total = torch::zeros({}, h.options().dtype(torch::kFloat));
     for (int64_t r0 = 0; r0 < n; r0 += chunk_rows) {
       const int64_t c = std::min(chunk_rows, n - r0);
-      const auto logits = chunk_logits(h.narrow(0, r0, c), weight);  // [c, V] fp32
+      const auto logits = chunk_logits(h.narrow(0, r0, c), weight, vocab);  // [c, Vp] fp32
       const auto l = torch::logsumexp(logits, 1);                     // [c]
       lse.narrow(0, r0, c).copy_(l);
       const auto picked = logits.gather(1, labels.narrow(0, r0, c).unsqueeze(1)).squeeze(1);
@@ -29,6 +33,7 @@ struct ChunkedLmCrossEntropy : torch::autograd::Function<ChunkedLmCrossEntropy> 
     }
     ctx->save_for_backward({h, weight, labels, lse});
     ctx->saved_data["chunk_rows"] = chunk_rows;
+    ctx->saved_data["vocab"] = vocab;
     return total / static_cast<double>(n);
   }
 
@@ -36,6 +41,7 @@ struct ChunkedLmCrossEntropy : torch::autograd::Function<ChunkedLmCrossEntropy> 
     const auto saved = ctx->get_saved_variables();
     const auto &h = saved[0], &weight = saved[1], &labels = saved[2], &lse = saved[3];
     const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
+    const int64_t vocab = ctx->saved_data["vocab"].toInt();
     const int64_t n = h.size(0);
     const auto scale = grad_out[0].to(torch::kFloat) / static_cast<double>(n);  // 0-d, no host sync
     auto grad_h = torch::empty_like(h);
@@ -43,14 +49,14 @@ struct ChunkedLmCrossEntropy : torch::autograd::Function<ChunkedLmCrossEntropy> 
     for (int64_t r0 = 0; r0 < n; r0 += chunk_rows) {
       const int64_t c = std::min(chunk_rows, n - r0);
       const auto h_c = h.narrow(0, r0, c);
-      auto p = chunk_logits(h_c, weight).sub_(lse.narrow(0, r0, c).unsqueeze(1)).exp_();  // softmax [c, V]
+      auto p = chunk_logits(h_c, weight, vocab).sub_(lse.narrow(0, r0, c).unsqueeze(1)).exp_();  // softmax [c, Vp], 0 on padding
       p.scatter_add_(1, labels.narrow(0, r0, c).unsqueeze(1), -torch::ones({c, 1}, p.options()));  // − onehot
       p.mul_(scale);
       const auto p_low = p.to(h.scalar_type());
       grad_h.narrow(0, r0, c).copy_(torch::mm(p_low, weight));
       grad_w.add_(torch::mm(p_low.t(), h_c));
     }
-    return {grad_h, grad_w.to(weight.scalar_type()), torch::Tensor(), torch::Tensor()};
+    return {grad_h, grad_w.to(weight.scalar_type()), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -59,7 +65,7 @@ struct ChunkedLmCrossEntropy : torch::autograd::Function<ChunkedLmCrossEntropy> 
 int64_t chunked_loss_rows(int64_t vocab) { return std::max<int64_t>(1, kChunkedLossBytes / (4 * std::max<int64_t>(1, vocab))); }
 
 torch::Tensor chunked_lm_cross_entropy(const torch::Tensor& h, const torch::Tensor& weight, const torch::Tensor& labels,
-                                       int64_t chunk_rows) {
+                                       int64_t vocab, int64_t chunk_rows) {
   TORCH_CHECK(h.dim() == 2 && weight.dim() == 2 && h.size(1) == weight.size(1) && h.scalar_type() == weight.scalar_type(),
               "chunked_lm_cross_entropy: needs h [N, hidden] and weight [V, hidden] of one dtype, got ", h.sizes(), " ",
               h.scalar_type(), " and ", weight.sizes(), " ", weight.scalar_type());
@@ -68,7 +74,9 @@ torch::Tensor chunked_lm_cross_entropy(const torch::Tensor& h, const torch::Tens
               labels.sizes());
   TORCH_CHECK(chunk_rows >= 1 && h.size(0) >= 1, "chunked_lm_cross_entropy: chunk_rows ", chunk_rows, " and N ",
               h.size(0), " must be >= 1");
-  return ChunkedLmCrossEntropy::apply(h, weight, labels, chunk_rows);
+  TORCH_CHECK(vocab >= 1 && vocab <= weight.size(0), "chunked_lm_cross_entropy: vocab ", vocab, " outside [1, ",
+              weight.size(0), "] (the weight's rows)");
+  return ChunkedLmCrossEntropy::apply(h, weight, labels, vocab, chunk_rows);
 }
 
 }  // namespace optcc

@@ -179,15 +179,15 @@ torch::Tensor GptModelImpl::head_loss(const torch::Tensor& x, const torch::Tenso
   TORCH_CHECK(stage_.is_last, "head_loss() called on a stage without the output layer");
   // Mixed precision: the logits GEMM in the compute dtype, the cross-entropy on fp32 logits.
   auto h = norm_fp32(final_ln, x);
-  if (tp_size(tp_) == 1) {  // one rank: logits over the true vocabulary only (no padded columns)
-    const auto weight = embedding->weight_as(h.scalar_type()).narrow(0, 0, opt_.vocab_size);  // [V, h]
-    const int64_t rows = h.numel() / h.size(-1);
-    if (rows * opt_.vocab_size * 4 > kPlainLogitsBytes) {  // large logits: never all of them in fp32 at once
-      return chunked_lm_cross_entropy(h.reshape({rows, h.size(-1)}), weight, labels.t().reshape({-1}),
-                                      chunked_loss_rows(opt_.vocab_size));
+  if (tp_size(tp_) == 1) {  // one rank: the GEMM over all padded rows (aligned), the softmax over the true vocabulary
+    const auto weight = embedding->weight_as(h.scalar_type());  // [Vp, h], Vp a multiple of 128
+    const int64_t rows = h.numel() / h.size(-1), vp = weight.size(0);
+    if (rows * vp * 4 > kPlainLogitsBytes) {  // large logits: never all of them in fp32 at once
+      return chunked_lm_cross_entropy(h.reshape({rows, h.size(-1)}), weight, labels.t().reshape({-1}), opt_.vocab_size,
+                                      chunked_loss_rows(vp));
     }
-    auto logits = gemm_linear(h, weight);  // x·Eᵀ
-    return F::cross_entropy(logits.reshape({-1, opt_.vocab_size}).to(torch::kFloat), labels.t().reshape({-1}));
+    auto logits = gemm_linear(h, weight).narrow(-1, 0, opt_.vocab_size);  // x·Eᵀ [s, b, V] of [s, b, Vp]
+    return F::cross_entropy(logits.to(torch::kFloat).reshape({-1, opt_.vocab_size}), labels.t().reshape({-1}));
   }
   auto logits = parallel_lm_logits(h, embedding->weight_as(h.scalar_type()), tp_).to(torch::kFloat);  // [s, b, Vp/t]
   auto per_token = vocab_parallel_cross_entropy(logits, labels.t(), embedding->vocab_start(), opt_.vocab_size, tp_);
