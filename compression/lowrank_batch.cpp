@@ -1,14 +1,13 @@
 #include "compression/lowrank_batch.h"
 
+#include "compression/orthogonalize.h"
+
 #include <cmath>
 #include <cstring>
 
 namespace optcc {
 namespace {
 
-// As in orthogonalize.cpp: a column with at most this fraction of its norm left once the columns
-// before it are projected out is numerically dependent, and is dropped (set to zero).
-constexpr double kCollapsed = 1e-4;
 
 // SplitMix64 (Steele, Lea, Flood 2014): the sequence's increment and its finaliser's multipliers,
 // as int64 bit patterns (tensor arithmetic is on int64; products wrap modulo 2^64 on every device).
@@ -56,7 +55,7 @@ void orthogonalize_batched_(torch::Tensor& m) {
   // to rounding), dropped ones 0. A NaN anywhere makes q NaN, and 0·NaN keeps it so.
   const auto diag = r.diagonal(0, -2, -1);                      // [B, kk]
   const auto col_norms = m.narrow(2, 0, kk).norm(2, {1});       // [B, kk]
-  const auto keep = (diag.abs() > kCollapsed * col_norms).to(torch::kFloat);
+  const auto keep = (diag.abs() > kDependentColumnFraction * col_norms).to(torch::kFloat);
   const auto scale = (keep * diag.sign()).unsqueeze(1);          // [B, 1, kk]
   if (kk == k) {
     torch::mul_out(m, q, scale);

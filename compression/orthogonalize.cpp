@@ -59,7 +59,7 @@ OPTCC_SIMD_CLONES void divide(float* __restrict y, float d, int64_t n) {
 // Column j keeps its own direction only if enough of it is left once the finished columns are
 // projected out (see orthogonalize.h). n0 = its norm before any projection, n1 after MGS's pass.
 constexpr double kReorthogonalize = 0.70710678118654752;  // n1 ≤ n0/√2: project out again (DGKS)
-constexpr double kCollapsed = 1e-4;  // ≤ 1e-4·n0 left after both passes: numerically dependent
+constexpr double kCollapsed = kDependentColumnFraction;  // ≤ this·n0 left after both passes: dependent
 
 /// Second pass of column j against the finished columns k < j (unit or zero): returns its norm.
 double reorthogonalize(float* w, int64_t rows, int64_t ld, int64_t j, const std::vector<char>& skip) {

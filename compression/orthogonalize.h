@@ -9,6 +9,11 @@
 
 namespace optcc {
 
+/// The dependence rule every orthonormalisation here applies (MGS, QR, the batched QR of
+/// lowrank_batch.h): a column with at most this fraction of its own norm left once the columns
+/// before it are projected out is numerically in their span, and is set to exactly zero.
+constexpr double kDependentColumnFraction = 1e-4;
+
 /// Modified Gram–Schmidt, in place, column by column, on m [rows, cols] fp32 (rows ≥ cols not
 /// required). Result: every column is unit length (up to the eps guard) and orthogonal to the
 /// others at fp32 precision, or exactly zero; so m·mᵀ is an orthogonal projector (onto the kept
