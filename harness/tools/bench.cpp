@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <functional>
 #include <map>
 
 #include "harness/train/optimizer.h"
@@ -133,6 +134,19 @@ std::vector<ProfiledOp> top_operations(const torch::autograd::profiler::thread_e
   return out;
 }
 
+/// One more step under LibTorch's legacy profiler (GPU clock on CUDA, host clock elsewhere): its
+/// wall time and its `top` operations by self time go into r.
+void profile_one_step(StepBenchResult& r, const std::function<void()>& one_step, bool cuda, int64_t top) {
+  namespace prof = torch::autograd::profiler;
+  prof::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(
+      cuda ? torch::profiler::impl::ProfilerState::CUDA : torch::profiler::impl::ProfilerState::CPU));
+  const auto t0 = Clock::now();
+  one_step();
+  r.profile_step_ms = seconds_since(t0) * 1e3;
+  r.profile = top_operations(prof::disableProfilerLegacy(), cuda, top);
+  r.profile_clock = cuda ? "CUDA" : "CPU";
+}
+
 }  // namespace
 
 StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t threads, int64_t profile_top) {
@@ -177,17 +191,7 @@ StepBenchResult bench_step(Config cfg, int64_t steps, int64_t warmup, int64_t th
     one_step();
     if (i >= warmup) times.push_back(seconds_since(t0));
   }
-  if (profile_top > 0) {
-    namespace prof = torch::autograd::profiler;
-    const bool cuda = placement.on_gpu();
-    prof::enableProfilerLegacy(torch::profiler::impl::ProfilerConfig(
-        cuda ? torch::profiler::impl::ProfilerState::CUDA : torch::profiler::impl::ProfilerState::CPU));
-    const auto t0 = Clock::now();
-    one_step();
-    r.profile_step_ms = seconds_since(t0) * 1e3;
-    r.profile = top_operations(prof::disableProfilerLegacy(), cuda, profile_top);
-    r.profile_clock = cuda ? "CUDA" : "CPU";
-  }
+  if (profile_top > 0) profile_one_step(r, one_step, placement.on_gpu(), profile_top);
   r.step_seconds = median(times);
   r.tokens_per_second = cfg.train.global_batch_size * o.seq_len / r.step_seconds;
   r.model_gflops = gpt_train_flops(o, cfg.train.global_batch_size) / r.step_seconds / 1e9;
