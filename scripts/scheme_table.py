@@ -11,7 +11,9 @@ or e.g. `dp=powersgd(rank=4)`; the run's name for files written before optcc rec
 and last step, final validation loss and perplexity, the perplexity relative to the reference (the
 first complete uncompressed run given, listed first; without one the first run, and the table says
 so), the bytes ALL ranks sent per training step by traffic class and the step time (the index's
-numbers: optcc_results.Run.bytes_per_step and step_time), the largest LEP buffer memory of a rank, and
+numbers: optcc_results.Run.bytes_per_step and step_time; beside pp_fwd and pp_bwd, their stage-to-stage
+wire bytes when the files record them: /traffic's p2p_bytes, which older files such as the committed
+table2 runs lack), the largest LEP buffer memory of a rank, and
 the mean absolute cosine of the Fig. 11 diagnostic when it was recorded.
 A run that is partial, or that ran another number of steps than the reference, is flagged in its
 `note` column and below the table: its perplexity is not comparable with the reference's.
@@ -91,7 +93,7 @@ def notes_of(row, ref):
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = ap.parse_args()
