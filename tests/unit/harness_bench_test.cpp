@@ -27,7 +27,9 @@ TEST(BenchStep, ProfileListsTheTopOperationsBySelfTime) {
     EXPECT_GE(op.calls, 1) << op.name;
     EXPECT_GE(op.self_ms, 0) << op.name;
     EXPECT_LE(op.self_ms, op.total_ms + 1e-9) << op.name;
-    if (i > 0) EXPECT_LE(op.self_ms, r.profile[i - 1].self_ms) << op.name;
+    if (i > 0) {
+      EXPECT_LE(op.self_ms, r.profile[i - 1].self_ms) << op.name;
+    }
     self_sum += op.self_ms;
   }
   // Self times do not overlap: together at most the profiled step's wall time (one thread).
