@@ -24,24 +24,44 @@ void check_args(int stage, int stages, int microbatches) {
 
 bool is_forward(P2PDir d) { return d == P2PDir::kSendForward || d == P2PDir::kRecvForward; }
 bool is_send(P2PDir d) { return d == P2PDir::kSendForward || d == P2PDir::kSendBackward; }
-int expected_peer(P2PDir d, int stage) {
-  return d == P2PDir::kSendForward || d == P2PDir::kRecvBackward ? stage + 1 : stage - 1;
+bool toward_next(P2PDir d) { return d == P2PDir::kSendForward || d == P2PDir::kRecvBackward; }
+VirtualStage expected_peer(P2PDir d, int stage, int chunk, int stages, int chunks) {
+  return toward_next(d) ? next_virtual_stage(stage, chunk, stages, chunks)
+                        : previous_virtual_stage(stage, chunk, stages, chunks);
 }
+
+std::string chunk_suffix(int chunk) { return chunk == 0 ? "" : fmt::format("@{}", chunk); }
 
 std::string to_string(const PipeAction& a) {
-  return fmt::format("{}{}", a.op == PipeOp::kForward ? 'F' : 'B', a.microbatch);
+  return fmt::format("{}{}{}", a.op == PipeOp::kForward ? 'F' : 'B', a.microbatch, chunk_suffix(a.chunk));
 }
 
-// Whether `stage`'s message (dir, microbatch) travels in a flush call; false if it has none.
-bool message_is_flush(const PipelineSchedule& s, int stage, int stages, int m, int mb, P2PDir dir) {
-  if (mb < 0 || mb >= m) {
-    throw std::invalid_argument(fmt::format("micro-batch {} out of range 0..{}", mb, m - 1));
+// Flags, indexed chunk * m + micro-batch, of the backwards `acts` computes after its last forward:
+// the gradients this stage sends in the epilogue (P2PMessage::epilogue).
+std::vector<char> epilogue_backwards(const std::vector<PipeAction>& acts, int m, int chunks) {
+  std::vector<char> out(static_cast<size_t>(m) * chunks, 0);
+  size_t after_last_forward = 0;
+  for (size_t i = 0; i < acts.size(); ++i) {
+    if (acts[i].op == PipeOp::kForward) after_last_forward = i + 1;
+  }
+  for (size_t i = after_last_forward; i < acts.size(); ++i) {
+    out[static_cast<size_t>(acts[i].chunk) * m + acts[i].microbatch] = 1;
+  }
+  return out;
+}
+
+// The epilogue flag `stage`'s plan gives its message (dir, chunk, microbatch); false if it has none.
+bool message_epilogue(const PipelineSchedule& s, int stage, int stages, int m, int mb, int chunk,
+                      P2PDir dir) {
+  if (mb < 0 || mb >= m || chunk < 0 || chunk >= s.chunks()) {
+    throw std::invalid_argument(fmt::format("micro-batch {} of chunk {} out of range 0..{} of 0..{}", mb,
+                                            chunk, m - 1, s.chunks() - 1));
   }
   for (const StageStep& step : communication_plan(s, stage, stages, m)) {
     for (const auto* calls : {&step.before, &step.after}) {
       for (const P2PCall& call : *calls) {
         for (const P2PMessage& msg : call.messages) {
-          if (msg.dir == dir && msg.microbatch == mb) return call.flush;
+          if (msg.dir == dir && msg.microbatch == mb && msg.chunk == chunk) return msg.epilogue;
         }
       }
     }
@@ -50,6 +70,18 @@ bool message_is_flush(const PipelineSchedule& s, int stage, int stages, int m, i
 }
 
 }  // namespace
+
+VirtualStage next_virtual_stage(int stage, int chunk, int stages, int chunks) {
+  if (stage + 1 < stages) return {stage + 1, chunk};
+  if (chunk + 1 < chunks) return {0, chunk + 1};
+  return {-1, -1};
+}
+
+VirtualStage previous_virtual_stage(int stage, int chunk, int stages, int chunks) {
+  if (stage > 0) return {stage - 1, chunk};
+  if (chunk > 0) return {stages - 1, chunk - 1};
+  return {-1, -1};
+}
 
 std::vector<PipeAction> OneFOneBSchedule::actions(int stage, int stages, int m) const {
   check_args(stage, stages, m);
@@ -72,20 +104,98 @@ std::vector<PipeAction> GPipeSchedule::actions(int stage, int stages, int m) con
   return out;
 }
 
+InterleavedOneFOneBSchedule::InterleavedOneFOneBSchedule(int chunks) : chunks_(chunks) {
+  if (chunks < 2) {
+    throw std::invalid_argument(fmt::format(
+        "interleaved 1F1B with parallel.virtual_stages = {}: it needs at least 2 model chunks per stage. "
+        "Fix: parallel.virtual_stages >= 2, or parallel.schedule: 1f1b",
+        chunks));
+  }
+}
+
+std::vector<PipeAction> InterleavedOneFOneBSchedule::actions(int stage, int p, int m) const {
+  check_args(stage, p, m);
+  if (p < 2) {
+    throw std::invalid_argument(fmt::format(
+        "interleaved 1F1B with {} pipeline stage: it needs at least 2. Fix: parallel.schedule: 1f1b "
+        "(the same as no pipeline at pp = 1), or parallel.pp >= 2",
+        p));
+  }
+  if (m % p != 0) {
+    const int below = m / p * p;
+    throw std::invalid_argument(fmt::format(
+        "interleaved 1F1B with {} micro-batches per step on {} pipeline stages: the micro-batches must "
+        "be a multiple of the stages (each chunk runs them in groups of p, as Megatron). Fix: a "
+        "train.global_batch_size that gives {}{} micro-batches, or parallel.schedule: 1f1b",
+        m, p, below >= p ? fmt::format("{} or ", below) : "", below + p));
+  }
+  const int v = chunks_;
+  const int total = m * v;  // virtual micro-batches: (chunk, micro-batch) pairs
+  auto chunk_of = [&](int j, bool forward) {
+    const int c = (j % (p * v)) / p;
+    return forward ? c : v - 1 - c;
+  };
+  auto microbatch_of = [&](int j) { return j / (p * v) * p + j % p; };
+  const int warmup = m == p ? total : std::min((p - stage - 1) * 2 + (v - 1) * p, total);
+  std::vector<PipeAction> out;
+  auto add = [&](PipeOp op, int j, PipePhase phase) {
+    out.push_back({op, microbatch_of(j), phase, chunk_of(j, op == PipeOp::kForward)});
+  };
+  for (int j = 0; j < warmup; ++j) add(PipeOp::kForward, j, PipePhase::kWarmup);
+  for (int j = 0; j < total - warmup; ++j) {
+    add(PipeOp::kForward, warmup + j, PipePhase::kSteady);
+    add(PipeOp::kBackward, j, PipePhase::kSteady);
+  }
+  for (int j = total - warmup; j < total; ++j) add(PipeOp::kBackward, j, PipePhase::kCooldown);
+  return out;
+}
+
 std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name) {
   if (name == "1f1b") return std::make_unique<OneFOneBSchedule>();
   if (name == "gpipe") return std::make_unique<GPipeSchedule>();
-  throw std::invalid_argument(
-      fmt::format("unknown pipeline schedule '{}'; known schedules: 1f1b, gpipe", name));
+  throw std::invalid_argument(fmt::format(
+      "unknown pipeline schedule '{}'; known schedules: 1f1b, gpipe, interleaved_1f1b (with chunks)", name));
+}
+
+std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, int chunks) {
+  if (name == "interleaved_1f1b") return std::make_unique<InterleavedOneFOneBSchedule>(chunks);
+  if (chunks != 1) {
+    throw std::invalid_argument(fmt::format(
+        "pipeline schedule '{}' runs one model chunk per stage, not {}; only interleaved_1f1b runs more",
+        name, chunks));
+  }
+  return make_schedule(name);
 }
 
 std::vector<StageStep> communication_plan(const PipelineSchedule& schedule, int stage, int stages,
                                           int m) {
   const std::vector<PipeAction> acts = schedule.actions(stage, stages, m);
-  const bool has_prev = stage > 0;
-  const bool has_next = stage + 1 < stages;
-  std::vector<bool> have_input(m, false), have_grad(m, false);  // received by an earlier fused call
-  auto msg = [&](P2PDir d, int mb) { return P2PMessage{d, mb, expected_peer(d, stage)}; };
+  const int v = schedule.chunks();
+  auto index = [m](int chunk, int mb) { return static_cast<size_t>(chunk) * m + mb; };
+  // Received by an earlier fused call, by index(chunk, micro-batch).
+  std::vector<bool> have_input(index(v, 0), false), have_grad(index(v, 0), false);
+  // Epilogue flags: this stage's for its sends; the sender's (the next virtual stage's: stage + 1,
+  // or stage 0 across the ring) for the gradients it receives.
+  const std::vector<char> send_epilogue = epilogue_backwards(acts, m, v);
+  std::map<int, std::vector<char>> sender_epilogue;
+  auto recv_epilogue = [&](VirtualStage from, int mb) -> bool {
+    auto it = sender_epilogue.find(from.stage);
+    if (it == sender_epilogue.end()) {
+      it = sender_epilogue.emplace(from.stage, epilogue_backwards(schedule.actions(from.stage, stages, m), m, v))
+               .first;
+    }
+    return it->second[index(from.chunk, mb)];
+  };
+  // The message (d, chunk, mb) of this stage, or nothing when its virtual stage has no such peer.
+  auto msg = [&](P2PDir d, int chunk, int mb, std::vector<P2PMessage>& out) {
+    const VirtualStage peer = expected_peer(d, stage, chunk, stages, v);
+    if (!peer.exists()) return false;
+    const bool epilogue = d == P2PDir::kSendBackward   ? send_epilogue[index(chunk, mb)] != 0
+                          : d == P2PDir::kRecvBackward ? recv_epilogue(peer, mb)
+                                                       : false;
+    out.push_back(P2PMessage{d, mb, peer.stage, chunk, peer.chunk, epilogue});
+    return true;
+  };
   auto add_call = [](std::vector<P2PCall>& calls, std::vector<P2PMessage> msgs, PipePhase phase) {
     if (msgs.empty()) return;
     const bool flush = std::none_of(msgs.begin(), msgs.end(),
@@ -93,37 +203,43 @@ std::vector<StageStep> communication_plan(const PipelineSchedule& schedule, int 
     calls.push_back({std::move(msgs), phase, flush});
   };
 
+  // Receives the input of action `b` into `out` unless an earlier call brought it.
+  auto recv_input_of = [&](const PipeAction& b, std::vector<P2PMessage>& out) {
+    const bool fwd = b.op == PipeOp::kForward;
+    std::vector<bool>& have = fwd ? have_input : have_grad;
+    if (have[index(b.chunk, b.microbatch)]) return;
+    if (msg(fwd ? P2PDir::kRecvForward : P2PDir::kRecvBackward, b.chunk, b.microbatch, out)) {
+      have[index(b.chunk, b.microbatch)] = true;
+    }
+  };
+  const bool interleaved = schedule.call_style() == PlanCallStyle::kInterleaved;
   std::vector<StageStep> plan;
   for (size_t n = 0; n < acts.size(); ++n) {
     const PipeAction& a = acts[n];
     const PipeAction* next = n + 1 < acts.size() ? &acts[n + 1] : nullptr;
-    // Megatron fuses a send with the next action's receive only inside the steady state.
-    const bool fuse = next && a.phase == PipePhase::kSteady && next->phase == PipePhase::kSteady &&
-                      next->op != a.op;
+    const bool forward = a.op == PipeOp::kForward;
+    const bool steady = a.phase == PipePhase::kSteady;
     StageStep step{{}, a, {}};
-    std::vector<P2PMessage> out;
-    if (a.op == PipeOp::kForward) {
-      if (has_prev && !have_input[a.microbatch]) {
-        add_call(step.before, {msg(P2PDir::kRecvForward, a.microbatch)}, a.phase);
+    std::vector<P2PMessage> in, out;
+    recv_input_of(a, in);  // a standalone receive, when no earlier call brought the input
+    add_call(step.before, std::move(in), a.phase);
+    if (!interleaved) {
+      // Megatron's 1F1B: the output, fused with the next action's receive only between two
+      // steady-state actions of opposite kinds.
+      msg(forward ? P2PDir::kSendForward : P2PDir::kSendBackward, a.chunk, a.microbatch, out);
+      if (next && steady && next->phase == PipePhase::kSteady && next->op != a.op) recv_input_of(*next, out);
+    } else if (!(forward && steady)) {
+      // Megatron's interleaved calls: a steady forward's output waits for its pair's backward, which
+      // then sends both and receives the next pair's two inputs (send_forward_backward_recv_
+      // forward_backward); elsewhere the output goes with the next action's input, and the last
+      // warm-up forward also receives the first steady backward's gradient.
+      if (!forward && steady) {
+        const PipeAction& pair = acts[n - 1];
+        msg(P2PDir::kSendForward, pair.chunk, pair.microbatch, out);
       }
-      if (has_next) {
-        out.push_back(msg(P2PDir::kSendForward, a.microbatch));
-        if (fuse) {
-          out.push_back(msg(P2PDir::kRecvBackward, next->microbatch));
-          have_grad[next->microbatch] = true;
-        }
-      }
-    } else {
-      if (has_next && !have_grad[a.microbatch]) {
-        add_call(step.before, {msg(P2PDir::kRecvBackward, a.microbatch)}, a.phase);
-      }
-      if (has_prev) {
-        out.push_back(msg(P2PDir::kSendBackward, a.microbatch));
-        if (fuse) {
-          out.push_back(msg(P2PDir::kRecvForward, next->microbatch));
-          have_input[next->microbatch] = true;
-        }
-      }
+      msg(forward ? P2PDir::kSendForward : P2PDir::kSendBackward, a.chunk, a.microbatch, out);
+      if (next) recv_input_of(*next, out);
+      if (next && next->op == PipeOp::kForward && next->phase == PipePhase::kSteady) recv_input_of(acts[n + 2], out);
     }
     add_call(step.after, std::move(out), a.phase);
     plan.push_back(std::move(step));
@@ -131,18 +247,18 @@ std::vector<StageStep> communication_plan(const PipelineSchedule& schedule, int 
   return plan;
 }
 
-bool backward_send_is_epilogue(const PipelineSchedule& s, int stage, int stages, int m, int mb) {
-  return message_is_flush(s, stage, stages, m, mb, P2PDir::kSendBackward);
+bool backward_send_is_epilogue(const PipelineSchedule& s, int stage, int stages, int m, int mb, int chunk) {
+  return message_epilogue(s, stage, stages, m, mb, chunk, P2PDir::kSendBackward);
 }
 
-bool backward_recv_is_epilogue(const PipelineSchedule& s, int stage, int stages, int m, int mb) {
-  return message_is_flush(s, stage, stages, m, mb, P2PDir::kRecvBackward);
+bool backward_recv_is_epilogue(const PipelineSchedule& s, int stage, int stages, int m, int mb, int chunk) {
+  return message_epilogue(s, stage, stages, m, mb, chunk, P2PDir::kRecvBackward);
 }
 
 // ---- Simulation ----
 namespace {
 
-struct Posted { int stage, microbatch; bool flush; };  // one message, as its stage posted it
+struct Posted { int stage, microbatch, chunk, peer_chunk; bool epilogue; };  // a message as posted
 struct Channel { std::vector<Posted> sends, recvs; };   // n-th send matches n-th recv (FIFO)
 using ChannelKey = std::tuple<int, int, bool>;  // (sender, receiver, forward?)
 
@@ -157,7 +273,7 @@ struct StageState {
   size_t pos = 0;
   bool posted = false;
   std::vector<size_t> seq;  // index of each message of the current call in its channel list
-  std::set<int> fwd_done, bwd_done, have_input, have_grad;
+  std::set<std::pair<int, int>> fwd_done, bwd_done, have_input, have_grad;  // (chunk, micro-batch)
   int peak = 0;
 };
 
@@ -171,6 +287,7 @@ class Simulator {
         for (const P2PCall& c : step.before) items.push_back({&c, &step.action, true});
         items.push_back({nullptr, &step.action, false});
         for (const P2PCall& c : step.after) items.push_back({&c, &step.action, false});
+        chunks_ = std::max(chunks_, step.action.chunk + 1);  // the plans' chunks: v
       }
     }
   }
@@ -209,42 +326,51 @@ class Simulator {
     StageState& st = states_[s];
     st.seq.clear();
     for (const P2PMessage& m : call.messages) {
-      if (m.peer_stage != expected_peer(m.dir, s)) {
-        error("stage {}: {} mb {} addressed to stage {}, expected {}", s, to_string(m.dir),
-              m.microbatch, m.peer_stage, expected_peer(m.dir, s));
+      const VirtualStage want = expected_peer(m.dir, s, m.chunk, stages_, chunks_);
+      if (m.peer_stage != want.stage || m.peer_chunk != want.chunk) {
+        error("stage {}: {} mb {}{} addressed to stage {} chunk {}, expected stage {} chunk {}", s,
+              to_string(m.dir), m.microbatch, chunk_suffix(m.chunk), m.peer_stage, m.peer_chunk,
+              want.stage, want.chunk);
       }
-      if (m.dir == P2PDir::kSendForward && !st.fwd_done.count(m.microbatch)) {
-        error("stage {}: send_forward mb {} before its forward", s, m.microbatch);
+      const std::pair<int, int> key{m.chunk, m.microbatch};
+      if (m.dir == P2PDir::kSendForward && !st.fwd_done.count(key)) {
+        error("stage {}: send_forward mb {}{} before its forward", s, m.microbatch, chunk_suffix(m.chunk));
       }
-      if (m.dir == P2PDir::kSendBackward && !st.bwd_done.count(m.microbatch)) {
-        error("stage {}: send_backward mb {} before its backward", s, m.microbatch);
+      if (m.dir == P2PDir::kSendBackward && !st.bwd_done.count(key)) {
+        error("stage {}: send_backward mb {}{} before its backward", s, m.microbatch, chunk_suffix(m.chunk));
       }
       Channel& ch = channel(s, m);
       std::vector<Posted>& mine = is_send(m.dir) ? ch.sends : ch.recvs;
       const std::vector<Posted>& theirs = is_send(m.dir) ? ch.recvs : ch.sends;
       st.seq.push_back(mine.size());
-      mine.push_back({s, m.microbatch, call.flush});
+      mine.push_back({s, m.microbatch, m.chunk, m.peer_chunk, m.epilogue});
       if (theirs.size() < mine.size()) continue;  // the peer's side is not posted yet
       const Posted& peer = theirs[mine.size() - 1];
-      if (m.microbatch != peer.microbatch || call.flush != peer.flush) {
-        error("stage {} {} (mb {}, flush {}) matched stage {}'s message (mb {}, flush {})", s,
-              to_string(m.dir), m.microbatch, call.flush, peer.stage, peer.microbatch, peer.flush);
+      if (m.microbatch != peer.microbatch || m.epilogue != peer.epilogue || m.peer_chunk != peer.chunk ||
+          m.chunk != peer.peer_chunk) {
+        error("stage {} {} (mb {}, chunk {} to {}, epilogue {}) matched stage {}'s message (mb {}, chunk {} "
+              "to {}, epilogue {})",
+              s, to_string(m.dir), m.microbatch, m.chunk, m.peer_chunk, m.epilogue, peer.stage,
+              peer.microbatch, peer.chunk, peer.peer_chunk, peer.epilogue);
       }
     }
   }
 
   void compute(int s, const PipeAction& a) {
     StageState& st = states_[s];
-    const int mb = a.microbatch;
+    const std::pair<int, int> key{a.chunk, a.microbatch};
+    const std::string name = to_string(a);
     if (a.op == PipeOp::kForward) {
-      if (s > 0 && !st.have_input.count(mb)) error("stage {}: F{} before its input arrived", s, mb);
-      st.fwd_done.insert(mb);
-    } else {
-      if (!st.fwd_done.count(mb)) error("stage {}: B{} before F{}", s, mb, mb);
-      if (s + 1 < stages_ && !st.have_grad.count(mb)) {
-        error("stage {}: B{} before its output gradient arrived", s, mb);
+      if (previous_virtual_stage(s, a.chunk, stages_, chunks_).exists() && !st.have_input.count(key)) {
+        error("stage {}: {} before its input arrived", s, name);
       }
-      st.bwd_done.insert(mb);
+      st.fwd_done.insert(key);
+    } else {
+      if (!st.fwd_done.count(key)) error("stage {}: {} before its forward", s, name);
+      if (next_virtual_stage(s, a.chunk, stages_, chunks_).exists() && !st.have_grad.count(key)) {
+        error("stage {}: {} before its output gradient arrived", s, name);
+      }
+      st.bwd_done.insert(key);
     }
     st.peak = std::max(st.peak, static_cast<int>(st.fwd_done.size() - st.bwd_done.size()));
   }
@@ -266,8 +392,8 @@ class Simulator {
       if (!matched(s, item.call->messages[i], st.seq[i])) return newly_posted;
     }
     for (const P2PMessage& m : item.call->messages) {
-      if (m.dir == P2PDir::kRecvForward) st.have_input.insert(m.microbatch);
-      if (m.dir == P2PDir::kRecvBackward) st.have_grad.insert(m.microbatch);
+      if (m.dir == P2PDir::kRecvForward) st.have_input.insert({m.chunk, m.microbatch});
+      if (m.dir == P2PDir::kRecvBackward) st.have_grad.insert({m.chunk, m.microbatch});
     }
     st.posted = false;
     ++st.pos;
@@ -281,8 +407,8 @@ class Simulator {
     for (size_t i = 0; i < item.call->messages.size(); ++i) {
       const P2PMessage& m = item.call->messages[i];
       if (st.posted && matched(s, m, st.seq[i])) continue;
-      waiting += fmt::format("{}{} mb {} {} stage {}", waiting.empty() ? "" : ", ",
-                             to_string(m.dir), m.microbatch, is_send(m.dir) ? "to" : "from",
+      waiting += fmt::format("{}{} mb {}{} {} stage {}", waiting.empty() ? "" : ", ", to_string(m.dir),
+                             m.microbatch, chunk_suffix(m.chunk), is_send(m.dir) ? "to" : "from",
                              m.peer_stage);
     }
     return fmt::format("stage {}: blocked in call {} ({}) {} {}; unmatched: {}", s,
@@ -296,6 +422,7 @@ class Simulator {
   }
 
   int stages_;
+  int chunks_ = 1;
   std::vector<StageState> states_;
   std::map<ChannelKey, Channel> channels_;
   SimulationResult result_;
@@ -350,7 +477,7 @@ std::string to_string(const P2PCall& call) {
   static const char* kShort[] = {"sf", "rf", "sb", "rb"};
   std::vector<std::string> parts;
   for (const P2PMessage& m : call.messages) {
-    parts.push_back(fmt::format("{}{}", kShort[static_cast<int>(m.dir)], m.microbatch));
+    parts.push_back(fmt::format("{}{}{}", kShort[static_cast<int>(m.dir)], m.microbatch, chunk_suffix(m.chunk)));
   }
   return fmt::format("{{{}}}{}", fmt::join(parts, " "), call.flush ? "!" : "");
 }

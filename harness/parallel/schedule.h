@@ -31,18 +31,35 @@ struct PipeAction {
   PipeOp op;
   int microbatch;  // 0..m-1
   PipePhase phase;
+  int chunk = 0;   // the stage's model chunk (0..v-1; always 0 without interleaving): stage k's chunk c
+                   // is virtual stage c*p + k of the v*p, and holds that slice of the layers
   bool operator==(const PipeAction& o) const {
-    return op == o.op && microbatch == o.microbatch && phase == o.phase;
+    return op == o.op && microbatch == o.microbatch && phase == o.phase && chunk == o.chunk;
   }
 };
+
+// The calls of a plan (communication_plan()), as Megatron makes them:
+//   kOneFOneB     each action's output in a call after it, fused with the next action's receive
+//                 only between two steady-state actions of opposite kinds (SEND_FWD_RECV_BWD,
+//                 SEND_BWD_RECV_FWD); other receives stand alone before their action.
+//   kInterleaved  every output fused with the next action's input (SEND_FWD_RECV_FWD in warm-up,
+//                 SEND_BWD_RECV_BWD in cool-down); in the steady state a forward's output waits
+//                 for its pair's backward, whose call sends both and receives the next pair's two
+//                 inputs. Stages of the ring would otherwise each block in a send to the other.
+enum class PlanCallStyle { kOneFOneB, kInterleaved };
 
 class PipelineSchedule {
  public:
   virtual ~PipelineSchedule() = default;
   virtual std::string name() const = 0;
+  // Model chunks per stage (v): 1, except for the interleaved schedule.
+  virtual int chunks() const { return 1; }
+  // Which calls communication_plan() makes around the actions (PlanCallStyle).
+  virtual PlanCallStyle call_style() const { return PlanCallStyle::kOneFOneB; }
   // Compute actions of `stage` (0-based) of `stages`, for `microbatches` micro-batches, in order.
-  // Each micro-batch appears once as forward and once as backward, forward first.
-  // REQUIRES 0 <= stage < stages, microbatches >= 1 (else std::invalid_argument).
+  // Each (chunk, micro-batch) appears once as forward and once as backward, forward first.
+  // REQUIRES 0 <= stage < stages, microbatches >= 1 (else std::invalid_argument); a schedule may
+  // refuse more (the interleaved one: its rule on m), naming the rule and the fix.
   virtual std::vector<PipeAction> actions(int stage, int stages, int microbatches) const = 0;
 };
 
@@ -61,25 +78,59 @@ class GPipeSchedule : public PipelineSchedule {
   std::vector<PipeAction> actions(int stage, int stages, int microbatches) const override;
 };
 
+// Interleaved 1F1B (Megatron's virtual pipeline stages), v = chunks() >= 2 model chunks per stage.
+// Virtual micro-batch j (0..m*v-1) runs on chunk (j mod p*v) / p for a forward, reversed
+// (v - 1 - that) for a backward, with micro-batch (j / (p*v)) * p + j mod p: chunk-major groups of p
+// micro-batches. Stage k warms up with w_k = min((p - k - 1) * 2 + (v - 1) * p, m*v) forwards, then
+// alternates forward j + w_k with backward j, then cools down; when m == p every forward is warm-up
+// (Megatron's rule). Forward messages leave chunk c of stage p-1 for chunk c+1 of stage 0, backward
+// ones the other way round: the stages form a ring. Peak in-flight (chunk, micro-batch) activations
+// on stage k: w_k + 1 (each holds 1/v of the stage's layers), or m*v when m == p.
+// Megatron's rule on m: m >= p and m a multiple of p (groups of p per chunk); stages >= 2.
+class InterleavedOneFOneBSchedule : public PipelineSchedule {
+ public:
+  // REQUIRES chunks >= 2 (else std::invalid_argument naming parallel.virtual_stages).
+  explicit InterleavedOneFOneBSchedule(int chunks);
+  std::string name() const override { return "interleaved_1f1b"; }
+  int chunks() const override { return chunks_; }
+  PlanCallStyle call_style() const override { return PlanCallStyle::kInterleaved; }
+  std::vector<PipeAction> actions(int stage, int stages, int microbatches) const override;
+
+ private:
+  int chunks_;
+};
+
 // "1f1b" | "gpipe"; an unknown name throws std::invalid_argument listing the known names.
 std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name);
+// The same, and "interleaved_1f1b" with `chunks` (>= 2) model chunks per stage; 1f1b and gpipe
+// need chunks == 1.
+std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, int chunks);
 
 // ---- Communication plan (Megatron's p2p vocabulary) ----
 
 enum class P2PDir { kSendForward, kRecvForward, kSendBackward, kRecvBackward };
 
 struct P2PMessage {
-  P2PDir dir;      // send/recv forward: activation to k+1 / from k-1;
-                   // send/recv backward: input gradient to k-1 / from k+1
+  P2PDir dir;      // send/recv forward: activation to the next virtual stage / from the previous;
+                   // send/recv backward: input gradient to the previous / from the next
   int microbatch;  // whose activation or gradient this is
-  int peer_stage;  // k+1 for kSendForward and kRecvBackward, k-1 for the other two
+  int peer_stage;  // k+1 for kSendForward and kRecvBackward, k-1 for the other two (interleaved:
+                   // stage 0 after stage p-1 and the other way round, between chunks)
+  int chunk = 0;       // this stage's model chunk the message leaves or reaches
+  int peer_chunk = 0;  // the peer's model chunk at the other end (chunk, or chunk +- 1 across the ring)
+  // Backward messages: the epilogue (docs/design.md §4), which epilogue-only CB compresses. A gradient
+  // is in the epilogue iff its sender posts it after the sender's last forward, so no forward of
+  // the sender waits behind it. Both ends carry the sender's value (the receiver derives it from
+  // the sender's plan); always false for forward messages. In 1F1B and GPipe it equals the flag
+  // `flush` of the calls on both ends (schedule_test checks it).
+  bool epilogue = false;
 };
 
 // One call: its messages are posted together and all waited on. `flush` marks a call that moves
 // backward gradients only (no forward message fused into it): in 1F1B the last steady-state
-// SEND_BWD and every cool-down RECV_BWD / SEND_BWD, in GPipe every backward call. Epilogue-only
-// CB (docs/design.md §4) compresses a gradient iff its call is flush; the flags of the two ends of every
-// message agree (checked by simulate()).
+// SEND_BWD and every cool-down RECV_BWD / SEND_BWD, in GPipe every backward call. It describes the
+// call (logs); what is compressed is decided per message by P2PMessage::epilogue, whose two ends
+// agree (checked by simulate()).
 struct P2PCall {
   std::vector<P2PMessage> messages;  // never empty
   PipePhase phase;                   // the phase of the step's action
@@ -87,8 +138,8 @@ struct P2PCall {
 };
 
 // One compute action and the calls around it: `before` delivers the action's input (a standalone
-// receive), `after` ships its output, possibly fused with the receive the next action needs
-// (SEND_FWD_RECV_BWD, SEND_BWD_RECV_FWD; only between two steady-state actions, as Megatron).
+// receive), `after` ships outputs, possibly fused with receives of the next actions
+// (PlanCallStyle says which).
 struct StageStep {
   std::vector<P2PCall> before;
   PipeAction action;
@@ -101,15 +152,27 @@ struct StageStep {
 std::vector<StageStep> communication_plan(const PipelineSchedule& schedule, int stage, int stages,
                                           int microbatches);
 
-// Epilogue-only CB, sender side: whether `stage` sends the gradient of `microbatch` to stage-1 in a
-// flush call (and so compressed). False on stage 0, which sends no gradient. Builds the plan, O(m):
-// a runner that executes the plan reads P2PCall::flush instead; both give the same answer.
+// Epilogue-only CB, sender side: whether `stage` sends the gradient of (`chunk`, `microbatch`) to
+// the previous virtual stage in the epilogue (and so compressed). False on the first virtual stage
+// (stage 0, chunk 0), which sends no gradient. Builds the plan, O(m*v): a runner that executes the
+// plan reads P2PMessage::epilogue instead; both give the same answer.
 bool backward_send_is_epilogue(const PipelineSchedule& schedule, int stage, int stages,
-                               int microbatches, int microbatch);
-// Receiver side: whether `stage` receives the gradient of `microbatch` from stage+1 in a flush
-// call. Equals backward_send_is_epilogue(stage + 1, ...). False on the last stage.
+                               int microbatches, int microbatch, int chunk = 0);
+// Receiver side: whether `stage` receives the gradient of (`chunk`, `microbatch`) from the next
+// virtual stage in the epilogue: the sender's answer. False on the last virtual stage.
 bool backward_recv_is_epilogue(const PipelineSchedule& schedule, int stage, int stages,
-                               int microbatches, int microbatch);
+                               int microbatches, int microbatch, int chunk = 0);
+
+// The (virtual) stage after / before (stage, chunk) in a pipeline of `stages` stages with `chunks`
+// model chunks each: {stage + 1, chunk}, or {0, chunk + 1} after the last stage; {-1, -1} when
+// there is none (after stage p-1's last chunk, before stage 0's chunk 0).
+struct VirtualStage {
+  int stage;
+  int chunk;
+  bool exists() const { return stage >= 0; }
+};
+VirtualStage next_virtual_stage(int stage, int chunk, int stages, int chunks);
+VirtualStage previous_virtual_stage(int stage, int chunk, int stages, int chunks);
 
 // ---- Simulation of all stages together ----
 
@@ -118,9 +181,11 @@ bool backward_recv_is_epilogue(const PipelineSchedule& schedule, int stage, int 
 struct SimulationResult {
   bool deadlock = false;            // some stage unfinished and no stage can progress
   std::vector<std::string> blocked;  // at deadlock: one line per unfinished stage, its blocked call
-  std::vector<std::string> errors;   // matched messages disagreeing on micro-batch or flush, wrong
-                                     // peers, data sent before computed or used before received
-  std::vector<int> peak_in_flight;   // [stages] max of (forwards done - backwards done)
+  std::vector<std::string> errors;   // matched messages disagreeing on micro-batch, chunk or
+                                     // epilogue, wrong peers, data sent before computed or used
+                                     // before received
+  std::vector<int> peak_in_flight;   // [stages] max of (forwards done - backwards done), counted in
+                                     // (chunk, micro-batch) pairs
   bool ok() const { return !deadlock && errors.empty(); }
   std::string summary() const;  // all of the above, for logs and test failures
 };
@@ -132,9 +197,11 @@ SimulationResult simulate(const std::vector<std::vector<StageStep>>& plans);
 // ---- Compact text, for tests and logs ----
 std::string to_string(PipePhase phase);  // "warmup" | "steady" | "cooldown"
 std::string to_string(P2PDir dir);       // "send_forward" | ... | "recv_backward"
-// "warmup: F0 F1 | steady: F2 B0 | cooldown: B1": a label whenever the phase changes.
+// "warmup: F0 F1 | steady: F2 B0 | cooldown: B1": a label whenever the phase changes; a chunk
+// other than 0 follows the micro-batch ("F2@1").
 std::string to_string(const std::vector<PipeAction>& actions);
-// "{sf2 rb0}" (send_forward mb 2, recv_backward mb 0); "{sb0}!" when flush.
+// "{sf2 rb0}" (send_forward mb 2, recv_backward mb 0); "{sb0}!" when flush; a chunk other than 0
+// follows its micro-batch: "sf2@1".
 std::string to_string(const P2PCall& call);
 // Steps joined by " | ", each "<before calls> F3 <after calls>".
 std::string to_string(const std::vector<StageStep>& plan);

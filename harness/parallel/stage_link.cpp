@@ -221,13 +221,13 @@ torch::Tensor StageLink::recv_forward(int mb) {
 void StageLink::send_backward(const torch::Tensor& input_grad, int mb, bool flush) {
   if (is_first_stage()) return;
   const PipePhase phase = flush ? PipePhase::kCooldown : PipePhase::kSteady;
-  execute({{{P2PDir::kSendBackward, mb, stage() - 1}}, phase, flush}, {input_grad});
+  execute({{{P2PDir::kSendBackward, mb, stage() - 1, 0, 0, flush}}, phase, flush}, {input_grad});
 }
 
 torch::Tensor StageLink::recv_backward(int mb, bool flush) {
   if (is_last_stage()) return {};
   const PipePhase phase = flush ? PipePhase::kCooldown : PipePhase::kSteady;
-  return execute({{{P2PDir::kRecvBackward, mb, stage() + 1}}, phase, flush}, {{}})[0];
+  return execute({{{P2PDir::kRecvBackward, mb, stage() + 1, 0, 0, flush}}, phase, flush}, {{}})[0];
 }
 
 torch::Tensor StageLink::send_forward_recv_backward(const torch::Tensor& output, int send_mb,

@@ -123,7 +123,8 @@ class StageLink {
 
   // Megatron's vocabulary, each one call. As in Megatron, directions without a neighbour are
   // no-ops (recv_forward on stage 0 and recv_backward on the last stage return undefined).
-  // Gradient-only calls are flush calls unless told otherwise (schedule.h's P2PCall::flush).
+  // Gradient-only calls are flush calls, their gradient in the epilogue, unless told otherwise
+  // (schedule.h's P2PCall::flush and P2PMessage::epilogue).
   void send_forward(const torch::Tensor& output, int mb);
   torch::Tensor recv_forward(int mb);
   void send_backward(const torch::Tensor& input_grad, int mb, bool flush = true);

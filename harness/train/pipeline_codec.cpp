@@ -40,7 +40,7 @@ PipelineCodec::PipelineCodec(std::unique_ptr<ActCodec> forward, std::unique_ptr<
 bool PipelineCodec::compresses(const P2PMessage& msg, const P2PCall& call) const {
   if (is_forward(msg.dir)) return forward_ != nullptr;
   if (!backward_) return false;
-  return policy_.compresses_backward_send(call.flush);
+  return policy_.compresses_backward_send(msg.epilogue);
 }
 
 const ActCodec* PipelineCodec::codec_for(const P2PMessage& msg, const P2PCall& call) const {

@@ -5,10 +5,11 @@
 //     the receiver decodes and StageLink all-gathers the slices over TP as usual.
 // The policy's settings and rules (which sends are compressed, how many LEP buffers) are
 // compression/pipeline_policy.h's; this class applies them to the messages.
-//   - Epilogue-only (docs/design.md §4): with BackwardPhases::kEpilogue only flush calls (the last
-//     steady-state send and the cool-down) are compressed. Sender and receiver take the decision
-//     from the call's flush flag, which the schedule sets identically on both ends
-//     (schedule.h: backward_send_is_epilogue == backward_recv_is_epilogue of the peer).
+//   - Epilogue-only (docs/design.md §4): with BackwardPhases::kEpilogue only gradients in the
+//     epilogue (in 1F1B the last steady-state send and the cool-down) are compressed. Sender and
+//     receiver take the decision from the message's epilogue flag, which the schedule sets
+//     identically on both ends (schedule.h: backward_send_is_epilogue == backward_recv_is_epilogue
+//     of the peer).
 //   - Lazy error propagation (LEP, docs/design.md §3.1): LepMode::kLazy keeps ONE buffer per rank, the size
 //     of one outgoing slice, added to the next compressed send (whatever its micro-batch or
 //     iteration) and replaced by that send's error: sent + new error = slice + old error.

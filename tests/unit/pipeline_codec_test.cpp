@@ -88,7 +88,7 @@ TEST(PipelineCodecEpilogue, SenderAndReceiverAgreeUpTo8StagesAnd16MicroBatches) 
 // ---- LEP: conservation and buffers -------------------------------------------------------------
 
 TEST(PipelineCodecLep, SentPlusNewErrorEqualsSlicePlusOldError) {
-  const P2PCall flush{{{P2PDir::kSendBackward, 0, 0}}, PipePhase::kCooldown, true};
+  const P2PCall flush{{{P2PDir::kSendBackward, 0, 0, 0, 0, true}}, PipePhase::kCooldown, true};
   const int64_t n = 6 * 8;  // 6 tokens x hidden 8
   for (LepMode lep : {LepMode::kLazy, LepMode::kPerMicrobatch, LepMode::kOff}) {
     SCOPED_TRACE(to_string(lep));
@@ -102,7 +102,7 @@ TEST(PipelineCodecLep, SentPlusNewErrorEqualsSlicePlusOldError) {
       const torch::Tensor slice = torch::randn({n});
       const torch::Tensor old = codec->lep_error(mb);
       const auto wire = codec->encode(call.messages[0], call, slice);
-      P2PMessage recv{P2PDir::kRecvBackward, mb, 1};
+      P2PMessage recv{P2PDir::kRecvBackward, mb, 1, 0, 0, true};
       const torch::Tensor sent = codec->decode(recv, call, wire, n);
       const torch::Tensor fresh = codec->lep_error(mb);
       if (lep == LepMode::kOff) {
@@ -136,7 +136,7 @@ TEST(PipelineCodecLep, SentPlusNewErrorEqualsSlicePlusOldError) {
 TEST(PipelineCodecLep, UncompressedSendsLeaveTheBufferAndSaveLoadRoundTrips) {
   auto codec = cb(1, 4, BackwardPhases::kEpilogue, LepMode::kLazy);
   const P2PCall steady{{{P2PDir::kSendBackward, 0, 0}}, PipePhase::kSteady, false};
-  const P2PCall flush{{{P2PDir::kSendBackward, 1, 0}}, PipePhase::kCooldown, true};
+  const P2PCall flush{{{P2PDir::kSendBackward, 1, 0, 0, 0, true}}, PipePhase::kCooldown, true};
   const torch::Tensor x = torch::arange(16, torch::kFloat).div(7).sin();
   EXPECT_TRUE(torch::equal(codec->encode(steady.messages[0], steady, x).at(0), x));  // raw slice
   EXPECT_FALSE(codec->lep_error().defined());
@@ -162,10 +162,10 @@ TEST(PipelineCodecLep, UncompressedSendsLeaveTheBufferAndSaveLoadRoundTrips) {
 
 // A compressed backward send of micro-batch `mb`; returns what the receiver decodes.
 torch::Tensor send(PipelineCodec& codec, int mb, const torch::Tensor& slice, std::vector<torch::Tensor>* wire = nullptr) {
-  const P2PCall call{{{P2PDir::kSendBackward, mb, 0}}, PipePhase::kSteady, true};
+  const P2PCall call{{{P2PDir::kSendBackward, mb, 0, 0, 0, true}}, PipePhase::kSteady, true};
   auto w = codec.encode(call.messages[0], call, slice);
   if (wire) *wire = w;
-  const P2PMessage recv{P2PDir::kRecvBackward, mb, 1};
+  const P2PMessage recv{P2PDir::kRecvBackward, mb, 1, 0, 0, true};
   return codec.decode(recv, call, w, slice.numel());
 }
 
@@ -293,7 +293,7 @@ TEST(PipelineCodecLep, DiagnosticsGiveNormsAndCosinesOfEachSend) {
 
 // ---- state belongs to the messages it was kept for (loading refuses others; a fork copies) ------
 
-P2PCall backward_send(int mb) { return P2PCall{{{P2PDir::kSendBackward, mb, 0}}, PipePhase::kSteady, true}; }
+P2PCall backward_send(int mb) { return P2PCall{{{P2PDir::kSendBackward, mb, 0, 0, 0, true}}, PipePhase::kSteady, true}; }
 P2PCall forward_send(int mb) { return P2PCall{{{P2PDir::kSendForward, mb, 0}}, PipePhase::kSteady, false}; }
 
 std::stringstream saved(const PipelineCodec& codec) {

@@ -2,6 +2,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "harness/parallel/schedule.h"
@@ -190,19 +192,194 @@ TEST(Schedule, SimulatorReportsDeadlockOfBrokenPlan) {
       << sim.summary();
 }
 
-TEST(Schedule, SimulatorReportsMismatchedFlushAndMicrobatch) {
+TEST(Schedule, SimulatorReportsMismatchedEpilogueAndMicrobatch) {
   auto plans = plans_of(4, 6);
-  calls_of(plans[2]).back()->flush = false;  // cool-down send_backward of mb 5 loses its flag
+  calls_of(plans[2]).back()->messages[0].epilogue = false;  // cool-down send_backward of mb 5 loses its flag
   SimulationResult sim = simulate(plans);
   EXPECT_FALSE(sim.deadlock);
-  EXPECT_THAT(sim.errors, Contains(HasSubstr("flush"))) << sim.summary();
+  EXPECT_THAT(sim.errors, Contains(HasSubstr("stage 1 recv_backward (mb 5, chunk 0 to 0, epilogue true) matched "
+                                             "stage 2's message (mb 5, chunk 0 to 0, epilogue false)")))
+      << sim.summary();
 
   plans = plans_of(4, 6);
   calls_of(plans[1])[0]->messages[0].microbatch = 1;  // recv_forward labelled with the wrong mb
   sim = simulate(plans);
-  EXPECT_THAT(sim.errors, Contains(HasSubstr("recv_forward (mb 1, flush false) matched stage 0's "
-                                             "message (mb 0, flush false)")))
+  EXPECT_THAT(sim.errors, Contains(HasSubstr("recv_forward (mb 1, chunk 0 to 0, epilogue false) matched "
+                                             "stage 0's message (mb 0, chunk 0 to 0, epilogue false)")))
       << sim.summary();
+}
+
+// 1F1B and GPipe: a gradient is in the epilogue exactly when the calls on both of its ends are
+// flush calls (what epilogue-only CB compressed before the flag moved to the message); forward
+// messages never are.
+TEST(Schedule, EpilogueIsTheFlushCallOfOneFOneBAndGPipe) {
+  for (const std::string name : {"1f1b", "gpipe"}) {
+    const auto schedule = make_schedule(name);
+    for (int p = 1; p <= 6; ++p) {
+      for (int m = 1; m <= 12; ++m) {
+        SCOPED_TRACE(::testing::Message() << name << " p=" << p << " m=" << m);
+        for (int k = 0; k < p; ++k) {
+          for (const StageStep& step : communication_plan(*schedule, k, p, m)) {
+            for (const auto* calls : {&step.before, &step.after}) {
+              for (const P2PCall& c : *calls) {
+                for (const P2PMessage& msg : c.messages) {
+                  const bool backward = msg.dir == P2PDir::kSendBackward || msg.dir == P2PDir::kRecvBackward;
+                  EXPECT_EQ(msg.epilogue, backward && c.flush) << to_string(c);
+                  EXPECT_EQ(msg.chunk, 0);
+                  EXPECT_EQ(msg.peer_chunk, 0);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- Interleaved 1F1B ----
+
+// Megatron's order for p = 2, v = 2, m = 4, worked by hand: forwards of virtual micro-batches j =
+// 0..7 run chunks 0 0 1 1 0 0 1 1 with micro-batches 0 1 0 1 2 3 2 3, backwards the chunks reversed;
+// stage 0 warms up with (2 - 0 - 1) * 2 + (2 - 1) * 2 = 4 forwards, stage 1 with 2.
+TEST(InterleavedSchedule, ActionsByHand) {
+  InterleavedOneFOneBSchedule s(2);
+  EXPECT_EQ(s.name(), "interleaved_1f1b");
+  EXPECT_EQ(s.chunks(), 2);
+  EXPECT_EQ(to_string(s.actions(0, 2, 4)),
+            "warmup: F0 F1 F0@1 F1@1 | steady: F2 B0@1 F3 B1@1 F2@1 B0 F3@1 B1 | cooldown: B2@1 B3@1 B2 B3");
+  EXPECT_EQ(to_string(s.actions(1, 2, 4)),
+            "warmup: F0 F1 | steady: F0@1 B0@1 F1@1 B1@1 F2 B0 F3 B1 F2@1 B2@1 F3@1 B3@1 | cooldown: B2 B3");
+  // m == p: every forward first (Megatron's rule), on every stage.
+  EXPECT_EQ(to_string(s.actions(1, 2, 2)), "warmup: F0 F1 F0@1 F1@1 | cooldown: B0@1 B1@1 B0 B1");
+}
+
+// The ring: the last stage's chunk c feeds stage 0's chunk c + 1, and gets its gradient back from it.
+TEST(InterleavedSchedule, PlanCrossesTheRingBetweenChunks) {
+  InterleavedOneFOneBSchedule s(2);
+  EXPECT_EQ(to_string(communication_plan(s, 1, 2, 2)),
+            "{rf0} F0 {sf0 rf1} | F1 {sf1 rf0@1} | F0@1 {rf1@1} | F1@1 | B0@1 {sb0@1}! | B1@1 {sb1@1 rb0}! | "
+            "B0 {sb0 rb1}! | B1 {sb1}!");
+  const auto plan = communication_plan(s, 1, 2, 2);
+  const P2PMessage& to_chunk1 = plan[0].after[0].messages[0];  // stage 1 chunk 0 -> stage 0 chunk 1
+  EXPECT_EQ(to_chunk1.peer_stage, 0);
+  EXPECT_EQ(to_chunk1.chunk, 0);
+  EXPECT_EQ(to_chunk1.peer_chunk, 1);
+  const P2PMessage& from_chunk1 = plan[5].after[0].messages[1];  // gradient of chunk 0 from stage 0 chunk 1
+  EXPECT_EQ(from_chunk1.dir, P2PDir::kRecvBackward);
+  EXPECT_EQ(from_chunk1.peer_stage, 0);
+  EXPECT_EQ(from_chunk1.peer_chunk, 1);
+  EXPECT_EQ(next_virtual_stage(1, 1, 2, 2).exists(), false);  // the last virtual stage
+  EXPECT_EQ(previous_virtual_stage(0, 0, 2, 2).exists(), false);
+  EXPECT_EQ(previous_virtual_stage(0, 1, 2, 2).stage, 1);
+}
+
+TEST(InterleavedSchedule, EveryChunkAndMicrobatchOnceAndSimulationCompletesWithMegatronsPeak) {
+  for (int v = 2; v <= 4; ++v) {
+    InterleavedOneFOneBSchedule s(v);
+    for (int p = 2; p <= 6; ++p) {
+      for (int m = p; m <= 4 * p; m += p) {
+        SCOPED_TRACE(::testing::Message() << "v=" << v << " p=" << p << " m=" << m);
+        const int total = m * v;
+        for (int k = 0; k < p; ++k) {
+          const std::vector<PipeAction> acts = s.actions(k, p, m);
+          ASSERT_EQ(acts.size(), 2u * total);
+          std::vector<int> fwd_at(total, -1), bwd_at(total, -1);
+          for (int i = 0; i < static_cast<int>(acts.size()); ++i) {
+            ASSERT_GE(acts[i].chunk, 0);
+            ASSERT_LT(acts[i].chunk, v);
+            int& at = (acts[i].op == PipeOp::kForward ? fwd_at : bwd_at)[acts[i].chunk * m + acts[i].microbatch];
+            ASSERT_EQ(at, -1) << "duplicate " << to_string(acts);
+            at = i;
+          }
+          for (int x = 0; x < total; ++x) ASSERT_LT(fwd_at[x], bwd_at[x]) << to_string(acts);
+          const auto warmup = std::count_if(acts.begin(), acts.end(),
+                                            [](const PipeAction& a) { return a.phase == PipePhase::kWarmup; });
+          EXPECT_EQ(warmup, m == p ? total : std::min((p - k - 1) * 2 + (v - 1) * p, total));
+        }
+        const SimulationResult sim = simulate(s, p, m);
+        ASSERT_TRUE(sim.ok()) << sim.summary();
+        for (int k = 0; k < p; ++k) {
+          const int w = std::min((p - k - 1) * 2 + (v - 1) * p, total);
+          EXPECT_EQ(sim.peak_in_flight[k], m == p ? total : std::min(w + 1, total)) << k;
+        }
+      }
+    }
+  }
+}
+
+// The epilogue of an interleaved stage: the backward sends after its last forward. The receiver's
+// flag is the sender's (simulate() checks both ends of every message above); here its count.
+TEST(InterleavedSchedule, EpilogueIsTheSendsAfterTheLastForward) {
+  for (int v = 2; v <= 3; ++v) {
+    InterleavedOneFOneBSchedule s(v);
+    for (int p = 2; p <= 4; ++p) {
+      for (int m = p; m <= 3 * p; m += p) {
+        SCOPED_TRACE(::testing::Message() << "v=" << v << " p=" << p << " m=" << m);
+        for (int k = 0; k < p; ++k) {
+          const std::vector<PipeAction> acts = s.actions(k, p, m);
+          size_t last_forward = 0;
+          for (size_t i = 0; i < acts.size(); ++i) {
+            if (acts[i].op == PipeOp::kForward) last_forward = i;
+          }
+          for (size_t i = 0; i < acts.size(); ++i) {
+            const PipeAction& a = acts[i];
+            if (a.op != PipeOp::kBackward) continue;
+            const bool sends = previous_virtual_stage(k, a.chunk, p, v).exists();
+            EXPECT_EQ(backward_send_is_epilogue(s, k, p, m, a.microbatch, a.chunk), sends && i > last_forward)
+                << "stage " << k << " B" << a.microbatch << "@" << a.chunk;
+            const VirtualStage from = next_virtual_stage(k, a.chunk, p, v);
+            if (from.exists()) {
+              EXPECT_EQ(backward_recv_is_epilogue(s, k, p, m, a.microbatch, a.chunk),
+                        backward_send_is_epilogue(s, from.stage, p, m, a.microbatch, from.chunk));
+            }
+          }
+        }
+      }
+    }
+  }
+  // By hand, p = 2, v = 2, m = 4 (actions in ActionsByHand): stage 0's last forward is F3@1, after
+  // it B1 B2@1 B3@1 B2 B3, of which chunk 0's send nothing (first virtual stage); stage 1's is F3@1,
+  // after it B3@1 B2 B3.
+  InterleavedOneFOneBSchedule s(2);
+  auto sends = [&](int k) {
+    std::vector<std::string> out;
+    for (int c = 0; c < 2; ++c) {
+      for (int mb = 0; mb < 4; ++mb) {
+        if (backward_send_is_epilogue(s, k, 2, 4, mb, c)) out.push_back(fmt::format("B{}@{}", mb, c));
+      }
+    }
+    return out;
+  };
+  EXPECT_EQ(sends(0), std::vector<std::string>({"B2@1", "B3@1"}));
+  EXPECT_EQ(sends(1), std::vector<std::string>({"B2@0", "B3@0", "B3@1"}));
+}
+
+TEST(InterleavedSchedule, RefusalsNameTheRuleAndTheFix) {
+  try {
+    InterleavedOneFOneBSchedule(4).actions(0, 4, 6);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("6 micro-batches"), HasSubstr("4 pipeline stages"),
+                                HasSubstr("multiple of the stages"), HasSubstr("gives 4 or 8 micro-batches")));
+  }
+  try {
+    InterleavedOneFOneBSchedule(2).actions(0, 4, 2);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("2 micro-batches"), HasSubstr("gives 4 micro-batches")));
+  }
+  EXPECT_THROW(InterleavedOneFOneBSchedule(2).actions(0, 1, 4), std::invalid_argument);  // pp = 1
+  try {
+    InterleavedOneFOneBSchedule(1);
+    FAIL() << "expected std::invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("parallel.virtual_stages = 1"), HasSubstr("at least 2")));
+  }
+  EXPECT_EQ(make_schedule("interleaved_1f1b", 3)->chunks(), 3);
+  EXPECT_EQ(make_schedule("1f1b", 1)->chunks(), 1);
+  EXPECT_THROW(make_schedule("1f1b", 2), std::invalid_argument);
+  EXPECT_THROW(make_schedule("interleaved_1f1b"), std::invalid_argument);  // needs its chunks
 }
 
 TEST(Schedule, NamesAndArgumentChecks) {
