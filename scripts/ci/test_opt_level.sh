@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Measures what compiling the test programs' own sources at -O0 saves (tests/CMakeLists.txt,
 # OPTCC_TEST_SOURCES_O0; docs/builds.md, "CI and build times"). One clone of HEAD, two build folders
-# (Ninja, RelWithDebInfo): tests at the build type's -O2 and tests at -O0. Each first builds what the
+# in it (Ninja, RelWithDebInfo; inside the clone, as build/ is, so the libraries' compile commands
+# match the cache's): tests at the build type's -O2 and tests at -O0. Each first builds what the
 # test objects need, through the compiler cache; then every test object (and, at -O0, the tests' own
 # precompiled header) is compiled again with the cache off, one compile at a time. Prints the CPU
 # seconds (user + system) of each way, and of each source. Builds in /tmp, removes what it made.
@@ -15,7 +16,8 @@ trap 'rm -rf "$work"' EXIT
 git clone -q "$REPO" "$work/src"
 for way in O2 O0; do
   o0=OFF; [ "$way" = O0 ] && o0=ON
-  cmake -S "$work/src" -B "$work/$way" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPTCC_TEST_SOURCES_O0=$o0 \
+  ln -s "src/build-$way" "$work/$way"
+  cmake -S "$work/src" -B "$work/src/build-$way" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DOPTCC_TEST_SOURCES_O0=$o0 \
     > "$work/$way.configure.log"
   # The test objects of the unit and integration programs, and the precompiled header they use.
   (cd "$work/$way" && ninja -t targets all | sed -n 's/^\(tests\/\(unit\|integration\)\/CMakeFiles\/[^:]*\.cpp\.o\):.*/\1/p' |
