@@ -131,6 +131,12 @@ class StepRunner {
 PipelineStepResult run_pipeline_step(const PipelineSchedule& schedule, StageFunctions& fn,
                                      StageLink& link, int microbatches) {
   const auto t0 = std::chrono::steady_clock::now();
+  if (schedule.chunks() != 1 || schedule.splits_backward()) {
+    throw std::invalid_argument(fmt::format(
+        "pipeline schedule '{}': this runner runs one model chunk per stage and whole backwards "
+        "(1f1b, gpipe); {} exists as a plan only (schedule.h)",
+        schedule.name(), schedule.name()));
+  }
   // communication_plan checks stage/stages/microbatches and throws std::invalid_argument.
   const std::vector<StageStep> plan =
       communication_plan(schedule, link.stage(), link.stages(), microbatches);

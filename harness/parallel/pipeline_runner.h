@@ -18,7 +18,8 @@
 //   replaced by a placeholder after its send (Megatron's optional output deallocation, docs/design.md §1.3).
 // m < p works (BR-12): the plan then has no steady state.
 //
-// Errors: std::invalid_argument when forward returns the wrong thing (not a scalar loss on the last
+// Errors: std::invalid_argument for a schedule this runner does not run (interleaved_1f1b, zb_h1:
+// plans only so far); when forward returns the wrong thing (not a scalar loss on the last
 // stage; not the link's output shape elsewhere, reported by StageLink; no autograd graph);
 // CommError when a peer fails or hangs (StageLink, within the communicators' timeout); whatever
 // fn.forward throws. After an exception the step is abandoned: zero the gradients before retrying.

@@ -33,7 +33,8 @@ VirtualStage expected_peer(P2PDir d, int stage, int chunk, int stages, int chunk
 std::string chunk_suffix(int chunk) { return chunk == 0 ? "" : fmt::format("@{}", chunk); }
 
 std::string to_string(const PipeAction& a) {
-  return fmt::format("{}{}{}", a.op == PipeOp::kForward ? 'F' : 'B', a.microbatch, chunk_suffix(a.chunk));
+  static const char kLetter[] = {'F', 'B', 'W'};
+  return fmt::format("{}{}{}", kLetter[static_cast<int>(a.op)], a.microbatch, chunk_suffix(a.chunk));
 }
 
 // Flags, indexed chunk * m + micro-batch, of the backwards `acts` computes after its last forward:
@@ -45,7 +46,7 @@ std::vector<char> epilogue_backwards(const std::vector<PipeAction>& acts, int m,
     if (acts[i].op == PipeOp::kForward) after_last_forward = i + 1;
   }
   for (size_t i = after_last_forward; i < acts.size(); ++i) {
-    out[static_cast<size_t>(acts[i].chunk) * m + acts[i].microbatch] = 1;
+    if (acts[i].op == PipeOp::kBackward) out[static_cast<size_t>(acts[i].chunk) * m + acts[i].microbatch] = 1;
   }
   return out;
 }
@@ -150,11 +151,30 @@ std::vector<PipeAction> InterleavedOneFOneBSchedule::actions(int stage, int p, i
   return out;
 }
 
+std::vector<PipeAction> ZeroBubbleH1Schedule::actions(int stage, int stages, int m) const {
+  check_args(stage, stages, m);
+  const int warmup = std::min(stages - stage - 1, m);
+  const int delay = stage;  // W of micro-batch j runs after B of j + stage
+  std::vector<PipeAction> out;
+  for (int i = 0; i < warmup; ++i) out.push_back({PipeOp::kForward, i, PipePhase::kWarmup});
+  int weights = 0;  // W's done: 0..weights-1
+  for (int j = 0; j < m; ++j) {
+    const bool forward_left = warmup + j < m;
+    const PipePhase phase = forward_left ? PipePhase::kSteady : PipePhase::kCooldown;
+    if (forward_left) out.push_back({PipeOp::kForward, warmup + j, phase});
+    out.push_back({PipeOp::kBackward, j, phase});
+    if (j >= delay) out.push_back({PipeOp::kWeight, weights++, phase});
+  }
+  while (weights < m) out.push_back({PipeOp::kWeight, weights++, PipePhase::kCooldown});
+  return out;
+}
+
 std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name) {
   if (name == "1f1b") return std::make_unique<OneFOneBSchedule>();
   if (name == "gpipe") return std::make_unique<GPipeSchedule>();
+  if (name == "zb_h1") return std::make_unique<ZeroBubbleH1Schedule>();
   throw std::invalid_argument(fmt::format(
-      "unknown pipeline schedule '{}'; known schedules: 1f1b, gpipe, interleaved_1f1b (with chunks)", name));
+      "unknown pipeline schedule '{}'; known schedules: 1f1b, gpipe, zb_h1, interleaved_1f1b (with chunks)", name));
 }
 
 std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, int chunks) {
@@ -220,6 +240,10 @@ std::vector<StageStep> communication_plan(const PipelineSchedule& schedule, int 
     const bool forward = a.op == PipeOp::kForward;
     const bool steady = a.phase == PipePhase::kSteady;
     StageStep step{{}, a, {}};
+    if (a.op == PipeOp::kWeight) {  // W: local, no message (its B received the gradient it needs)
+      plan.push_back(std::move(step));
+      continue;
+    }
     std::vector<P2PMessage> in, out;
     recv_input_of(a, in);  // a standalone receive, when no earlier call brought the input
     add_call(step.before, std::move(in), a.phase);
@@ -227,7 +251,9 @@ std::vector<StageStep> communication_plan(const PipelineSchedule& schedule, int 
       // Megatron's 1F1B: the output, fused with the next action's receive only between two
       // steady-state actions of opposite kinds.
       msg(forward ? P2PDir::kSendForward : P2PDir::kSendBackward, a.chunk, a.microbatch, out);
-      if (next && steady && next->phase == PipePhase::kSteady && next->op != a.op) recv_input_of(*next, out);
+      if (next && steady && next->phase == PipePhase::kSteady && next->op != a.op && next->op != PipeOp::kWeight) {
+        recv_input_of(*next, out);
+      }
     } else if (!(forward && steady)) {
       // Megatron's interleaved calls: a steady forward's output waits for its pair's backward, which
       // then sends both and receives the next pair's two inputs (send_forward_backward_recv_
@@ -273,7 +299,8 @@ struct StageState {
   size_t pos = 0;
   bool posted = false;
   std::vector<size_t> seq;  // index of each message of the current call in its channel list
-  std::set<std::pair<int, int>> fwd_done, bwd_done, have_input, have_grad;  // (chunk, micro-batch)
+  std::set<std::pair<int, int>> fwd_done, bwd_done, w_done, have_input, have_grad;  // (chunk, micro-batch)
+  bool split = false;  // the plan has W actions: activations are held until W, not B
   int peak = 0;
 };
 
@@ -288,6 +315,7 @@ class Simulator {
         items.push_back({nullptr, &step.action, false});
         for (const P2PCall& c : step.after) items.push_back({&c, &step.action, false});
         chunks_ = std::max(chunks_, step.action.chunk + 1);  // the plans' chunks: v
+        if (step.action.op == PipeOp::kWeight) states_[s].split = true;
       }
     }
   }
@@ -365,6 +393,9 @@ class Simulator {
         error("stage {}: {} before its input arrived", s, name);
       }
       st.fwd_done.insert(key);
+    } else if (a.op == PipeOp::kWeight) {
+      if (!st.bwd_done.count(key)) error("stage {}: {} before its B", s, name);
+      if (!st.w_done.insert(key).second) error("stage {}: {} twice", s, name);
     } else {
       if (!st.fwd_done.count(key)) error("stage {}: {} before its forward", s, name);
       if (next_virtual_stage(s, a.chunk, stages_, chunks_).exists() && !st.have_grad.count(key)) {
@@ -372,7 +403,8 @@ class Simulator {
       }
       st.bwd_done.insert(key);
     }
-    st.peak = std::max(st.peak, static_cast<int>(st.fwd_done.size() - st.bwd_done.size()));
+    const size_t released = st.split ? st.w_done.size() : st.bwd_done.size();
+    st.peak = std::max(st.peak, static_cast<int>(st.fwd_done.size() - released));
   }
 
   // Runs stage s's next item if it can; true if anything changed.
@@ -477,9 +509,10 @@ std::string to_string(const P2PCall& call) {
   static const char* kShort[] = {"sf", "rf", "sb", "rb"};
   std::vector<std::string> parts;
   for (const P2PMessage& m : call.messages) {
-    parts.push_back(fmt::format("{}{}{}", kShort[static_cast<int>(m.dir)], m.microbatch, chunk_suffix(m.chunk)));
+    parts.push_back(fmt::format("{}{}{}{}", kShort[static_cast<int>(m.dir)], m.microbatch, chunk_suffix(m.chunk),
+                                m.epilogue ? "!" : ""));
   }
-  return fmt::format("{{{}}}{}", fmt::join(parts, " "), call.flush ? "!" : "");
+  return fmt::format("{{{}}}", fmt::join(parts, " "));
 }
 
 std::string to_string(const std::vector<StageStep>& plan) {

@@ -16,7 +16,11 @@
 
 namespace optcc {
 
-enum class PipeOp { kForward, kBackward };
+// kBackward is the whole backward in 1F1B, GPipe and interleaved 1F1B. Schedules that split it
+// (PipelineSchedule::splits_backward(), ZB-H1) run kBackward as B, the input gradient only (what the
+// previous stage waits for), and kWeight as W, the weight gradients of the same (chunk, micro-batch),
+// which need nothing from other stages and may run later.
+enum class PipeOp { kForward, kBackward, kWeight };
 
 // Phases, as in Megatron's non-interleaved 1F1B (docs/design.md §1.3), stage k of p, m micro-batches:
 //   kWarmup   the w_k = min(p - k - 1, m) forwards that run ahead of the steady state;
@@ -54,6 +58,8 @@ class PipelineSchedule {
   virtual std::string name() const = 0;
   // Model chunks per stage (v): 1, except for the interleaved schedule.
   virtual int chunks() const { return 1; }
+  // Whether the actions hold kWeight (W) actions, the backward being split into B and W.
+  virtual bool splits_backward() const { return false; }
   // Which calls communication_plan() makes around the actions (PlanCallStyle).
   virtual PlanCallStyle call_style() const { return PlanCallStyle::kOneFOneB; }
   // Compute actions of `stage` (0-based) of `stages`, for `microbatches` micro-batches, in order.
@@ -100,7 +106,20 @@ class InterleavedOneFOneBSchedule : public PipelineSchedule {
   int chunks_;
 };
 
-// "1f1b" | "gpipe"; an unknown name throws std::invalid_argument listing the known names.
+// ZB-H1 (Qi et al., "Zero Bubble Pipeline Parallelism", handcrafted schedule 1): 1F1B's forwards and
+// input-gradient backwards (B), with each weight-gradient pass (W) deferred. Stage k warms up with
+// w_k = min(p - k - 1, m) forwards like 1F1B, then runs "F (if any left), B j, W j - k (if j >= k)"
+// for j = 0..m-1, then the W's left. Delaying W by k keeps every stage at p (chunk, micro-batch)
+// activations until their W, 1F1B's peak on stage 0; the W's fill the cool-down's waits. Any m >= 1.
+// Phases: the w_k forwards warm-up; then steady while forwards remain, cool-down after.
+class ZeroBubbleH1Schedule : public PipelineSchedule {
+ public:
+  std::string name() const override { return "zb_h1"; }
+  bool splits_backward() const override { return true; }
+  std::vector<PipeAction> actions(int stage, int stages, int microbatches) const override;
+};
+
+// "1f1b" | "gpipe" | "zb_h1"; an unknown name throws std::invalid_argument listing the known names.
 std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name);
 // The same, and "interleaved_1f1b" with `chunks` (>= 2) model chunks per stage; 1f1b and gpipe
 // need chunks == 1.
@@ -184,8 +203,9 @@ struct SimulationResult {
   std::vector<std::string> errors;   // matched messages disagreeing on micro-batch, chunk or
                                      // epilogue, wrong peers, data sent before computed or used
                                      // before received
-  std::vector<int> peak_in_flight;   // [stages] max of (forwards done - backwards done), counted in
-                                     // (chunk, micro-batch) pairs
+  std::vector<int> peak_in_flight;   // [stages] max of (forwards done - backwards done; W's done
+                                     // where the backward is split), counted in (chunk,
+                                     // micro-batch) pairs
   bool ok() const { return !deadlock && errors.empty(); }
   std::string summary() const;  // all of the above, for logs and test failures
 };
@@ -198,10 +218,10 @@ SimulationResult simulate(const std::vector<std::vector<StageStep>>& plans);
 std::string to_string(PipePhase phase);  // "warmup" | "steady" | "cooldown"
 std::string to_string(P2PDir dir);       // "send_forward" | ... | "recv_backward"
 // "warmup: F0 F1 | steady: F2 B0 | cooldown: B1": a label whenever the phase changes; a chunk
-// other than 0 follows the micro-batch ("F2@1").
+// other than 0 follows the micro-batch ("F2@1"); W actions are "W0".
 std::string to_string(const std::vector<PipeAction>& actions);
-// "{sf2 rb0}" (send_forward mb 2, recv_backward mb 0); "{sb0}!" when flush; a chunk other than 0
-// follows its micro-batch: "sf2@1".
+// "{sf2 rb0}" (send_forward mb 2, recv_backward mb 0); a gradient in the epilogue is marked "sb0!";
+// a chunk other than 0 follows its micro-batch: "sf2@1".
 std::string to_string(const P2PCall& call);
 // Steps joined by " | ", each "<before calls> F3 <after calls>".
 std::string to_string(const std::vector<StageStep>& plan);

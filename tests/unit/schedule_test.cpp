@@ -117,13 +117,13 @@ TEST(Schedule, FewerMicrobatchesThanStages) {  // BR-12: warm-up is capped at m
   }
   EXPECT_EQ(actions_of("1f1b", 3, 4, 1), "steady: F0 B0");
   EXPECT_EQ(plan_of("1f1b", 2, 4, 2),
-            "{rf0} F0 {sf0} | {rf1} F1 {sf1 rb0} | B0 {sb0}! | {rb1}! B1 {sb1}!");
+            "{rf0} F0 {sf0} | {rf1} F1 {sf1 rb0} | B0 {sb0!} | {rb1!} B1 {sb1!}");
 }
 
 TEST(Schedule, GPipeActionsAndPlanByHand) {
   EXPECT_EQ(actions_of("gpipe", 1, 4, 3), "warmup: F0 F1 F2 | cooldown: B0 B1 B2");
   EXPECT_EQ(plan_of("gpipe", 1, 3, 2),
-            "{rf0} F0 {sf0} | {rf1} F1 {sf1} | {rb0}! B0 {sb0}! | {rb1}! B1 {sb1}!");
+            "{rf0} F0 {sf0} | {rf1} F1 {sf1} | {rb0!} B0 {sb0!} | {rb1!} B1 {sb1!}");
   EXPECT_EQ(plan_of("gpipe", 0, 1, 2), "F0 | F1 | B0 | B1");  // one stage: no communication
 }
 
@@ -131,15 +131,15 @@ TEST(Schedule, OneFOneBPlanFollowsMegatronCalls) {
   // Middle stage: warm-up recv/send, standalone recv before the steady state, fused exchanges,
   // flush on the last steady send and all of the cool-down.
   EXPECT_EQ(plan_of("1f1b", 1, 4, 3),
-            "{rf0} F0 {sf0} | {rf1} F1 {sf1} | {rf2} F2 {sf2 rb0} | B0 {sb0}! | "
-            "{rb1}! B1 {sb1}! | {rb2}! B2 {sb2}!");
+            "{rf0} F0 {sf0} | {rf1} F1 {sf1} | {rf2} F2 {sf2 rb0} | B0 {sb0!} | "
+            "{rb1!} B1 {sb1!} | {rb2!} B2 {sb2!}");
   // First stage: no previous stage, so SEND_BWD_RECV_FWD and every send_backward vanish.
   EXPECT_EQ(plan_of("1f1b", 0, 4, 6),
             "F0 {sf0} | F1 {sf1} | F2 {sf2} | F3 {sf3 rb0} | B0 | F4 {sf4 rb1} | B1 | "
-            "F5 {sf5 rb2} | B2 | {rb3}! B3 | {rb4}! B4 | {rb5}! B5");
+            "F5 {sf5 rb2} | B2 | {rb3!} B3 | {rb4!} B4 | {rb5!} B5");
   // Last stage: no next stage, so SEND_FWD_RECV_BWD vanishes.
   EXPECT_EQ(plan_of("1f1b", 3, 4, 3),
-            "{rf0} F0 | B0 {sb0 rf1} | F1 | B1 {sb1 rf2} | F2 | B2 {sb2}!");
+            "{rf0} F0 | B0 {sb0 rf1} | F1 | B1 {sb1 rf2} | F2 | B2 {sb2!}");
   const auto plan = communication_plan(OneFOneBSchedule(), 1, 4, 3);
   EXPECT_EQ(plan[2].after[0].messages[0].peer_stage, 2);  // SEND_FWD_RECV_BWD: both with stage 2
   EXPECT_EQ(plan[2].after[0].messages[1].peer_stage, 2);
@@ -258,8 +258,8 @@ TEST(InterleavedSchedule, ActionsByHand) {
 TEST(InterleavedSchedule, PlanCrossesTheRingBetweenChunks) {
   InterleavedOneFOneBSchedule s(2);
   EXPECT_EQ(to_string(communication_plan(s, 1, 2, 2)),
-            "{rf0} F0 {sf0 rf1} | F1 {sf1 rf0@1} | F0@1 {rf1@1} | F1@1 | B0@1 {sb0@1}! | B1@1 {sb1@1 rb0}! | "
-            "B0 {sb0 rb1}! | B1 {sb1}!");
+            "{rf0} F0 {sf0 rf1} | F1 {sf1 rf0@1} | F0@1 {rf1@1} | F1@1 | B0@1 {sb0@1!} | B1@1 {sb1@1! rb0!} | "
+            "B0 {sb0! rb1!} | B1 {sb1!}");
   const auto plan = communication_plan(s, 1, 2, 2);
   const P2PMessage& to_chunk1 = plan[0].after[0].messages[0];  // stage 1 chunk 0 -> stage 0 chunk 1
   EXPECT_EQ(to_chunk1.peer_stage, 0);
@@ -355,6 +355,81 @@ TEST(InterleavedSchedule, EpilogueIsTheSendsAfterTheLastForward) {
   EXPECT_EQ(sends(1), std::vector<std::string>({"B2@0", "B3@0", "B3@1"}));
 }
 
+// ---- ZB-H1 ----
+
+// p = 4, m = 6 by hand: stage 0 delays nothing (B j then W j), stage 3 delays W by 3 micro-batches.
+TEST(ZeroBubbleH1Schedule, ActionsByHand) {
+  ZeroBubbleH1Schedule s;
+  EXPECT_EQ(s.name(), "zb_h1");
+  EXPECT_TRUE(s.splits_backward());
+  EXPECT_EQ(to_string(s.actions(0, 4, 6)),
+            "warmup: F0 F1 F2 | steady: F3 B0 W0 F4 B1 W1 F5 B2 W2 | cooldown: B3 W3 B4 W4 B5 W5");
+  EXPECT_EQ(to_string(s.actions(3, 4, 6)),
+            "steady: F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 | cooldown: W3 W4 W5");
+  EXPECT_EQ(to_string(s.actions(1, 4, 2)), "warmup: F0 F1 | cooldown: B0 B1 W0 W1");  // m < p - k
+  // The last of 2 stages: W has no message (its B received the gradient), a B's send is not fused
+  // across the W after it (W runs while the previous stage catches up), and only B2 follows the
+  // last forward (the epilogue).
+  EXPECT_EQ(to_string(communication_plan(s, 1, 2, 3)),
+            "{rf0} F0 | B0 {sb0 rf1} | F1 | B1 {sb1} | W0 | {rf2} F2 | B2 {sb2!} | W1 | W2");
+}
+
+// Every B before its W, the simulation completes, and every stage holds at most p activations until
+// their W: 1F1B's peak on stage 0, so the largest stage's memory is 1F1B's.
+TEST(ZeroBubbleH1Schedule, SimulationCompletesAtOneFOneBsPeak) {
+  ZeroBubbleH1Schedule s;
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 16; ++m) {
+      SCOPED_TRACE(::testing::Message() << "p=" << p << " m=" << m);
+      for (int k = 0; k < p; ++k) {
+        const std::vector<PipeAction> acts = s.actions(k, p, m);
+        ASSERT_EQ(acts.size(), 3u * m);
+        std::vector<int> at[3] = {std::vector<int>(m, -1), std::vector<int>(m, -1), std::vector<int>(m, -1)};
+        for (int i = 0; i < static_cast<int>(acts.size()); ++i) {
+          int& x = at[static_cast<int>(acts[i].op)][acts[i].microbatch];
+          ASSERT_EQ(x, -1) << to_string(acts);
+          x = i;
+        }
+        for (int mb = 0; mb < m; ++mb) {
+          ASSERT_LT(at[0][mb], at[1][mb]) << to_string(acts);
+          ASSERT_LT(at[1][mb], at[2][mb]) << to_string(acts);
+        }
+        // The same forwards and backwards (B) in the same order as 1F1B.
+        std::vector<PipeAction> fb;
+        for (const PipeAction& a : acts) {
+          if (a.op != PipeOp::kWeight) fb.push_back({a.op, a.microbatch, PipePhase::kWarmup});
+        }
+        std::vector<PipeAction> ref;
+        for (const PipeAction& a : OneFOneBSchedule().actions(k, p, m)) ref.push_back({a.op, a.microbatch, PipePhase::kWarmup});
+        EXPECT_EQ(fb, ref) << to_string(acts);
+      }
+      const SimulationResult sim = simulate(s, p, m);
+      ASSERT_TRUE(sim.ok()) << sim.summary();
+      const SimulationResult one = simulate(OneFOneBSchedule(), p, m);
+      for (int k = 0; k < p; ++k) {
+        EXPECT_EQ(sim.peak_in_flight[k], std::min(p, m)) << k;
+        EXPECT_LE(sim.peak_in_flight[k], *std::max_element(one.peak_in_flight.begin(), one.peak_in_flight.end()));
+      }
+    }
+  }
+}
+
+// ZB-H1's epilogue: the B sends after the stage's last forward, exactly 1F1B's (same F/B order).
+TEST(ZeroBubbleH1Schedule, EpilogueIsOneFOneBs) {
+  ZeroBubbleH1Schedule zb;
+  OneFOneBSchedule one;
+  for (int p = 2; p <= 6; ++p) {
+    for (int m = 1; m <= 12; ++m) {
+      for (int k = 1; k < p; ++k) {
+        for (int mb = 0; mb < m; ++mb) {
+          EXPECT_EQ(backward_send_is_epilogue(zb, k, p, m, mb), backward_send_is_epilogue(one, k, p, m, mb))
+              << "p=" << p << " m=" << m << " k=" << k << " mb=" << mb;
+        }
+      }
+    }
+  }
+}
+
 TEST(InterleavedSchedule, RefusalsNameTheRuleAndTheFix) {
   try {
     InterleavedOneFOneBSchedule(4).actions(0, 4, 6);
@@ -389,7 +464,7 @@ TEST(Schedule, NamesAndArgumentChecks) {
     make_schedule("interleaved");
     FAIL() << "expected std::invalid_argument";
   } catch (const std::invalid_argument& e) {
-    EXPECT_THAT(e.what(), AllOf(HasSubstr("'interleaved'"), HasSubstr("1f1b"), HasSubstr("gpipe")));
+    EXPECT_THAT(e.what(), AllOf(HasSubstr("'interleaved'"), HasSubstr("1f1b"), HasSubstr("gpipe"), HasSubstr("zb_h1")));
   }
   OneFOneBSchedule s;
   EXPECT_THROW(s.actions(4, 4, 2), std::invalid_argument);
