@@ -216,11 +216,12 @@ std::vector<StageStep> communication_plan(const PipelineSchedule& schedule, int 
     out.push_back(P2PMessage{d, mb, peer.stage, chunk, peer.chunk, epilogue});
     return true;
   };
-  auto add_call = [](std::vector<P2PCall>& calls, std::vector<P2PMessage> msgs, PipePhase phase) {
+  auto add_call = [](std::vector<P2PCall>& calls, std::vector<P2PMessage> msgs, PipePhase phase,
+                     bool wait = true) {
     if (msgs.empty()) return;
     const bool flush = std::none_of(msgs.begin(), msgs.end(),
                                     [](const P2PMessage& x) { return is_forward(x.dir); });
-    calls.push_back({std::move(msgs), phase, flush});
+    calls.push_back({std::move(msgs), phase, flush, wait});
   };
 
   // Receives the input of action `b` into `out` unless an earlier call brought it.
@@ -247,6 +248,14 @@ std::vector<StageStep> communication_plan(const PipelineSchedule& schedule, int 
     std::vector<P2PMessage> in, out;
     recv_input_of(a, in);  // a standalone receive, when no earlier call brought the input
     add_call(step.before, std::move(in), a.phase);
+    if (!forward && schedule.splits_backward()) {
+      // ZB-H1's B: its gradient leaves at once, without waiting, so the W's fill the time until
+      // the previous stage takes it.
+      msg(P2PDir::kSendBackward, a.chunk, a.microbatch, out);
+      add_call(step.after, std::move(out), a.phase, /*wait=*/false);
+      plan.push_back(std::move(step));
+      continue;
+    }
     if (!interleaved) {
       // Megatron's 1F1B: the output, fused with the next action's receive only between two
       // steady-state actions of opposite kinds.
@@ -284,7 +293,11 @@ bool backward_recv_is_epilogue(const PipelineSchedule& s, int stage, int stages,
 // ---- Simulation ----
 namespace {
 
-struct Posted { int stage, microbatch, chunk, peer_chunk; bool epilogue; };  // a message as posted
+struct Posted {  // a message as posted
+  int stage, microbatch, chunk, peer_chunk;
+  bool epilogue;
+  double time;  // the poster's clock when it posted the message
+};
 struct Channel { std::vector<Posted> sends, recvs; };   // n-th send matches n-th recv (FIFO)
 using ChannelKey = std::tuple<int, int, bool>;  // (sender, receiver, forward?)
 
@@ -302,11 +315,13 @@ struct StageState {
   std::set<std::pair<int, int>> fwd_done, bwd_done, w_done, have_input, have_grad;  // (chunk, micro-batch)
   bool split = false;  // the plan has W actions: activations are held until W, not B
   int peak = 0;
+  double clock = 0, busy = 0;  // time units: the stage's time and its compute time so far
 };
 
 class Simulator {
  public:
-  explicit Simulator(const std::vector<std::vector<StageStep>>& plans) : stages_(plans.size()) {
+  Simulator(const std::vector<std::vector<StageStep>>& plans, const ActionCosts& costs)
+      : stages_(plans.size()), costs_(costs) {
     states_.resize(stages_);
     for (int s = 0; s < stages_; ++s) {
       for (const StageStep& step : plans[s]) {
@@ -327,9 +342,18 @@ class Simulator {
         while (advance(s)) progress = true;
       }
     }
+    for (const auto& [key, ch] : channels_) {  // sends nobody received (a call without wait)
+      for (size_t i = ch.recvs.size(); i < ch.sends.size(); ++i) {
+        error("stage {}: a {} message (mb {}) to stage {} was never received", std::get<0>(key),
+              std::get<2>(key) ? "forward" : "backward", ch.sends[i].microbatch, std::get<1>(key));
+      }
+    }
     for (int s = 0; s < stages_; ++s) {
       const StageState& st = states_[s];
       result_.peak_in_flight.push_back(st.peak);
+      result_.finish.push_back(st.clock);
+      result_.busy.push_back(st.busy);
+      result_.makespan = std::max(result_.makespan, st.clock);
       if (st.pos < st.items.size()) {
         result_.deadlock = true;
         result_.blocked.push_back(describe_blocked(s));
@@ -371,7 +395,7 @@ class Simulator {
       std::vector<Posted>& mine = is_send(m.dir) ? ch.sends : ch.recvs;
       const std::vector<Posted>& theirs = is_send(m.dir) ? ch.recvs : ch.sends;
       st.seq.push_back(mine.size());
-      mine.push_back({s, m.microbatch, m.chunk, m.peer_chunk, m.epilogue});
+      mine.push_back({s, m.microbatch, m.chunk, m.peer_chunk, m.epilogue, st.clock});
       if (theirs.size() < mine.size()) continue;  // the peer's side is not posted yet
       const Posted& peer = theirs[mine.size() - 1];
       if (m.microbatch != peer.microbatch || m.epilogue != peer.epilogue || m.peer_chunk != peer.chunk ||
@@ -403,6 +427,13 @@ class Simulator {
       }
       st.bwd_done.insert(key);
     }
+    // A chunk is 1/v of the stage's layers; a whole backward (no W of its own) costs B + W.
+    const double cost = a.op == PipeOp::kForward    ? costs_.forward
+                        : a.op == PipeOp::kWeight   ? costs_.weight
+                        : st.split                  ? costs_.backward
+                                                    : costs_.backward + costs_.weight;
+    st.clock += cost / chunks_;
+    st.busy += cost / chunks_;
     const size_t released = st.split ? st.w_done.size() : st.bwd_done.size();
     st.peak = std::max(st.peak, static_cast<int>(st.fwd_done.size() - released));
   }
@@ -420,8 +451,19 @@ class Simulator {
     const bool newly_posted = !st.posted;
     if (newly_posted) post(s, *item.call);
     st.posted = true;
+    if (!item.call->wait) {  // posted; its sends complete when the peers post
+      st.posted = false;
+      ++st.pos;
+      return true;
+    }
     for (size_t i = 0; i < item.call->messages.size(); ++i) {
       if (!matched(s, item.call->messages[i], st.seq[i])) return newly_posted;
+    }
+    // Done when the last of its messages' peers posted (transfers take no time here).
+    for (size_t i = 0; i < item.call->messages.size(); ++i) {
+      const P2PMessage& m = item.call->messages[i];
+      Channel& ch = channel(s, m);
+      st.clock = std::max(st.clock, (is_send(m.dir) ? ch.recvs : ch.sends)[st.seq[i]].time);
     }
     for (const P2PMessage& m : item.call->messages) {
       if (m.dir == P2PDir::kRecvForward) st.have_input.insert({m.chunk, m.microbatch});
@@ -454,6 +496,7 @@ class Simulator {
   }
 
   int stages_;
+  ActionCosts costs_;
   int chunks_ = 1;
   std::vector<StageState> states_;
   std::map<ChannelKey, Channel> channels_;
@@ -462,21 +505,29 @@ class Simulator {
 
 }  // namespace
 
-SimulationResult simulate(const std::vector<std::vector<StageStep>>& plans) {
-  return Simulator(plans).run();
+SimulationResult simulate(const std::vector<std::vector<StageStep>>& plans, const ActionCosts& costs) {
+  return Simulator(plans, costs).run();
 }
 
-SimulationResult simulate(const PipelineSchedule& schedule, int stages, int microbatches) {
+SimulationResult simulate(const PipelineSchedule& schedule, int stages, int microbatches,
+                          const ActionCosts& costs) {
   std::vector<std::vector<StageStep>> plans;
   for (int s = 0; s < stages; ++s) {
     plans.push_back(communication_plan(schedule, s, stages, microbatches));
   }
-  return simulate(plans);
+  return simulate(plans, costs);
+}
+
+double SimulationResult::bubble_fraction() const {
+  if (makespan <= 0 || busy.empty()) return 0;
+  double total = 0;
+  for (double b : busy) total += b;
+  return 1.0 - total / (makespan * static_cast<double>(busy.size()));
 }
 
 std::string SimulationResult::summary() const {
-  std::string out = fmt::format("deadlock: {}; peak in flight per stage: [{}]", deadlock,
-                                fmt::join(peak_in_flight, ", "));
+  std::string out = fmt::format("deadlock: {}; peak in flight per stage: [{}]; makespan {:.4g}, bubble {:.4g}",
+                                deadlock, fmt::join(peak_in_flight, ", "), makespan, bubble_fraction());
   for (const std::string& b : blocked) out += "\n  " + b;
   for (const std::string& e : errors) out += "\n  error: " + e;
   return out;
@@ -512,7 +563,7 @@ std::string to_string(const P2PCall& call) {
     parts.push_back(fmt::format("{}{}{}{}", kShort[static_cast<int>(m.dir)], m.microbatch, chunk_suffix(m.chunk),
                                 m.epilogue ? "!" : ""));
   }
-  return fmt::format("{{{}}}", fmt::join(parts, " "));
+  return fmt::format("{{{}}}{}", fmt::join(parts, " "), call.wait ? "" : "~");
 }
 
 std::string to_string(const std::vector<StageStep>& plan) {

@@ -154,6 +154,10 @@ struct P2PCall {
   std::vector<P2PMessage> messages;  // never empty
   PipePhase phase;                   // the phase of the step's action
   bool flush;
+  // false: sends only, posted without waiting; the stage goes on computing and the sends complete
+  // when their peers post (a runner waits for them before the step ends). ZB-H1's B sends, so a
+  // stage runs its W while the previous stage is still busy; every other call waits.
+  bool wait = true;
 };
 
 // One compute action and the calls around it: `before` delivers the action's input (a standalone
@@ -197,6 +201,14 @@ VirtualStage previous_virtual_stage(int stage, int chunk, int stages, int chunks
 
 // Rendezvous semantics: a call completes once each of its messages is matched by the peer's
 // opposite message; matching is FIFO per (sender, receiver, forward|backward) channel.
+// Time: each action takes its cost (time units; a model chunk's action 1/v of it, v = the plans'
+// chunks) and a call ends when the last of its messages' peers has posted (transfers take no
+// time), so the makespan and the bubble are the schedule's own, as its analysis assumes.
+struct ActionCosts {
+  double forward = 1;   // F
+  double backward = 1;  // B: the input gradient (a whole backward without W actions costs B + W)
+  double weight = 1;    // W: the weight gradients
+};
 struct SimulationResult {
   bool deadlock = false;            // some stage unfinished and no stage can progress
   std::vector<std::string> blocked;  // at deadlock: one line per unfinished stage, its blocked call
@@ -206,13 +218,18 @@ struct SimulationResult {
   std::vector<int> peak_in_flight;   // [stages] max of (forwards done - backwards done; W's done
                                      // where the backward is split), counted in (chunk,
                                      // micro-batch) pairs
+  std::vector<double> finish, busy;  // [stages] when each ends, and its compute time (time units)
+  double makespan = 0;               // the last stage's end
+  // Idle share of all stages' time until the makespan: 1 - sum(busy) / (stages * makespan).
+  double bubble_fraction() const;
   bool ok() const { return !deadlock && errors.empty(); }
   std::string summary() const;  // all of the above, for logs and test failures
 };
 
-SimulationResult simulate(const PipelineSchedule& schedule, int stages, int microbatches);
+SimulationResult simulate(const PipelineSchedule& schedule, int stages, int microbatches,
+                          const ActionCosts& costs = {});
 // The same for hand-made plans, one per stage (index = stage); tests break plans on purpose.
-SimulationResult simulate(const std::vector<std::vector<StageStep>>& plans);
+SimulationResult simulate(const std::vector<std::vector<StageStep>>& plans, const ActionCosts& costs = {});
 
 // ---- Compact text, for tests and logs ----
 std::string to_string(PipePhase phase);  // "warmup" | "steady" | "cooldown"
@@ -221,7 +238,7 @@ std::string to_string(P2PDir dir);       // "send_forward" | ... | "recv_backwar
 // other than 0 follows the micro-batch ("F2@1"); W actions are "W0".
 std::string to_string(const std::vector<PipeAction>& actions);
 // "{sf2 rb0}" (send_forward mb 2, recv_backward mb 0); a gradient in the epilogue is marked "sb0!";
-// a chunk other than 0 follows its micro-batch: "sf2@1".
+// a chunk other than 0 follows its micro-batch: "sf2@1"; a call without wait ends in "~".
 std::string to_string(const P2PCall& call);
 // Steps joined by " | ", each "<before calls> F3 <after calls>".
 std::string to_string(const std::vector<StageStep>& plan);

@@ -367,11 +367,11 @@ TEST(ZeroBubbleH1Schedule, ActionsByHand) {
   EXPECT_EQ(to_string(s.actions(3, 4, 6)),
             "steady: F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 | cooldown: W3 W4 W5");
   EXPECT_EQ(to_string(s.actions(1, 4, 2)), "warmup: F0 F1 | cooldown: B0 B1 W0 W1");  // m < p - k
-  // The last of 2 stages: W has no message (its B received the gradient), a B's send is not fused
-  // across the W after it (W runs while the previous stage catches up), and only B2 follows the
+  // The last of 2 stages: W has no message (its B received the gradient), a B's send is posted
+  // without waiting ("~": W runs while the previous stage catches up), and only B2 follows the
   // last forward (the epilogue).
   EXPECT_EQ(to_string(communication_plan(s, 1, 2, 3)),
-            "{rf0} F0 | B0 {sb0 rf1} | F1 | B1 {sb1} | W0 | {rf2} F2 | B2 {sb2!} | W1 | W2");
+            "{rf0} F0 | B0 {sb0}~ | {rf1} F1 | B1 {sb1}~ | W0 | {rf2} F2 | B2 {sb2!}~ | W1 | W2");
 }
 
 // Every B before its W, the simulation completes, and every stage holds at most p activations until
@@ -428,6 +428,54 @@ TEST(ZeroBubbleH1Schedule, EpilogueIsOneFOneBs) {
       }
     }
   }
+}
+
+// The timed simulation gives each schedule's textbook makespan, F = B = W = 1 time unit (a whole
+// backward 2; a chunk's actions 1/v): 1F1B and GPipe 3(m + p - 1), interleaved 3m + 3(p - 1)/v, ZB-H1
+// 3m + (p - 1) for m >= p, a third of 1F1B's bubble, and never longer than 1F1B.
+TEST(ScheduleTime, MakespansAndBubblesOfEverySchedule) {
+  for (int p = 1; p <= 6; ++p) {
+    for (int m = 1; m <= 12; ++m) {
+      SCOPED_TRACE(::testing::Message() << "p=" << p << " m=" << m);
+      const SimulationResult one = simulate(OneFOneBSchedule(), p, m);
+      EXPECT_DOUBLE_EQ(one.makespan, 3.0 * (m + p - 1));
+      EXPECT_NEAR(one.bubble_fraction(), (p - 1.0) / (m + p - 1.0), 1e-12);
+      EXPECT_DOUBLE_EQ(simulate(GPipeSchedule(), p, m).makespan, 3.0 * (m + p - 1));
+      const SimulationResult zb = simulate(ZeroBubbleH1Schedule(), p, m);
+      if (m >= p) {  // fewer micro-batches leave too few W's to fill the cool-down
+        EXPECT_DOUBLE_EQ(zb.makespan, 3.0 * m + (p - 1));
+        EXPECT_NEAR(zb.bubble_fraction(), (p - 1.0) / (3.0 * m + p - 1.0), 1e-12);
+      }
+      EXPECT_LE(zb.makespan, one.makespan);
+      for (int v = 2; v <= 3 && p >= 2; ++v) {
+        if (m % p != 0) continue;
+        EXPECT_NEAR(simulate(InterleavedOneFOneBSchedule(v), p, m).makespan, 3.0 * m + 3.0 * (p - 1) / v, 1e-9) << v;
+      }
+    }
+  }
+  // Other costs (F 1, B 1, W 2): 1F1B stays (m + p - 1)(F + B + W); ZB-H1's delay-by-k order is
+  // the paper's for equal costs and leaves some bubble here, but less than 1F1B's.
+  const ActionCosts heavy_w{1, 1, 2};
+  EXPECT_DOUBLE_EQ(simulate(OneFOneBSchedule(), 4, 8, heavy_w).makespan, 4.0 * (8 + 3));
+  EXPECT_LT(simulate(ZeroBubbleH1Schedule(), 4, 8, heavy_w).makespan, 4.0 * (8 + 3));
+}
+
+// A send posted without waiting that nobody receives is reported, not lost.
+TEST(Schedule, SimulatorReportsAnUnreceivedSend) {
+  std::vector<std::vector<StageStep>> plans = {communication_plan(ZeroBubbleH1Schedule(), 0, 2, 2),
+                                               communication_plan(ZeroBubbleH1Schedule(), 1, 2, 2)};
+  // Stage 0 stops receiving the gradient of micro-batch 1: stage 1's unwaited send is left over.
+  for (StageStep& step : plans[0]) {
+    for (P2PCall& c : step.before) {
+      if (c.messages[0].dir == P2PDir::kRecvBackward && c.messages[0].microbatch == 1) c.messages.clear();
+    }
+    step.before.erase(std::remove_if(step.before.begin(), step.before.end(),
+                                     [](const P2PCall& c) { return c.messages.empty(); }),
+                      step.before.end());
+  }
+  const SimulationResult sim = simulate(plans);
+  EXPECT_THAT(sim.errors, Contains(HasSubstr("stage 1: a backward message (mb 1) to stage 0 was never received")))
+      << sim.summary();
 }
 
 TEST(InterleavedSchedule, RefusalsNameTheRuleAndTheFix) {
