@@ -13,7 +13,7 @@
 // wire; payload_bytes() is the closed form for tests and traffic estimates.
 //
 // Adapting to harness/parallel/stage_link.h's MessageCodec (the adapter is PipelineCodec in
-// harness/train/pipeline_codec.h): encode/decode, wire_shapes() and wire_dtypes() map one to one. The
+// compression/pipeline_codec.h): encode/decode, wire_shapes() and wire_dtypes() map one to one. The
 // link allocates each receive buffer in the dtype MessageCodec::wire_dtypes() gives (its own dtype
 // only when that list is empty), so codecs whose parts differ from the link's dtype
 // (fp16/bf16/int8/int4/topk, and lowrank under a 16-bit link: docs/design.md §10.5) arrive as sent.

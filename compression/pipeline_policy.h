@@ -1,7 +1,7 @@
 // The policy Optimus-CC puts on compressed pipeline messages, as typed settings and the rules that
 // act on them. compression.backward_phases, compression.lep and compression.lep_decay are parsed
 // into a PipelinePolicy once, when the config is loaded (harness/config/config_io.cpp); the
-// pipeline codec that applies it (harness/train/pipeline_codec.h), the traffic model and the
+// pipeline codec that applies it (compression/pipeline_codec.h), the traffic model and the
 // simulator (harness/perfmodel/traffic_estimate.h) all read these values and these rules.
 //   - Epilogue-only (docs/design.md §4): under BackwardPhases::kEpilogue only backward sends in the
 //     epilogue (a flush call: harness/parallel/schedule.h backward_send_is_epilogue) are compressed.

@@ -48,7 +48,7 @@
 
 namespace optcc {
 
-/// Hook for compressing messages (CB, docs/design.md §2; harness/train/pipeline_codec.h adapts the ActCodecs):
+/// Hook for compressing messages (CB, docs/design.md §2; compression/pipeline_codec.h adapts the ActCodecs):
 /// what travels for one message. The sender hands encode() this TP rank's flat slice (1-D: N/t
 /// elements with scatter-gather, N without) and posts the returned tensors in order; the receiver
 /// allocates tensors of wire_shapes() / wire_dtypes(), receives them and decode()s them into the

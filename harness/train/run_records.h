@@ -18,7 +18,7 @@
 #include "harness/config/config.h"
 #include "harness/parallel/distributed.h"
 #include "harness/records/metrics.h"
-#include "harness/train/pipeline_codec.h"
+#include "compression/pipeline_codec.h"
 
 namespace optcc {
 

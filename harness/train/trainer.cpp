@@ -35,7 +35,7 @@
 #include "harness/records/memory_tracker.h"
 #include "harness/records/metrics.h"
 #include "harness/train/optimizer.h"
-#include "harness/train/pipeline_codec.h"
+#include "compression/pipeline_codec.h"
 #include "harness/parallel/pipeline_runner.h"
 #include "harness/records/run_info.h"
 #include "harness/train/run_records.h"

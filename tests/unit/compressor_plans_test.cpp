@@ -22,7 +22,7 @@
 #include "harness/parallel/schedule.h"
 #include "harness/perfmodel/traffic_estimate.h"
 #include "harness/train/grad_sync.h"
-#include "harness/train/pipeline_codec.h"
+#include "compression/pipeline_codec.h"
 #include "tests/support/gloo_ranks.h"
 
 namespace optcc {

@@ -1,4 +1,4 @@
-// PipelineCodec (harness/train/pipeline_codec.h): CB on activation gradients with LEP and epilogue-only,
+// PipelineCodec (compression/pipeline_codec.h): CB on activation gradients with LEP and epilogue-only,
 // forward codecs, through StageLink over Gloo (ranks as threads).
 //   - epilogue decisions: sender and receiver agree for every (stages, micro-batches) up to 8 x 16,
 //     including m < p, and stage k compresses exactly min(m, p - k) sends (docs/design.md §4);
@@ -22,7 +22,7 @@
 
 #include "compression/codecs.h"
 #include "harness/parallel/layout.h"
-#include "harness/train/pipeline_codec.h"
+#include "compression/pipeline_codec.h"
 #include "harness/parallel/pipeline_runner.h"
 #include "tests/support/gloo_ranks.h"
 

@@ -17,7 +17,7 @@
 
 #include "harness/parallel/distributed.h"
 #include "harness/perfmodel/traffic_report.h"
-#include "harness/train/pipeline_codec.h"
+#include "compression/pipeline_codec.h"
 #include "harness/train/trainer.h"
 #include "models/gpt.h"
 #include "tests/support/gloo_ranks.h"

@@ -1,5 +1,5 @@
 // Compression policies on pipeline messages (see pipeline_codec.h).
-#include "harness/train/pipeline_codec.h"
+#include "compression/pipeline_codec.h"
 
 #include <fmt/format.h>
 
