@@ -187,79 +187,103 @@ std::unique_ptr<PipelineSchedule> make_schedule(const std::string& name, int chu
   return make_schedule(name);
 }
 
-std::vector<StageStep> communication_plan(const PipelineSchedule& schedule, int stage, int stages,
-                                          int m) {
-  const std::vector<PipeAction> acts = schedule.actions(stage, stages, m);
-  const int v = schedule.chunks();
-  auto index = [m](int chunk, int mb) { return static_cast<size_t>(chunk) * m + mb; };
-  // Received by an earlier fused call, by index(chunk, micro-batch).
-  std::vector<bool> have_input(index(v, 0), false), have_grad(index(v, 0), false);
-  // Epilogue flags: this stage's for its sends; the sender's (the next virtual stage's: stage + 1,
-  // or stage 0 across the ring) for the gradients it receives.
-  const std::vector<char> send_epilogue = epilogue_backwards(acts, m, v);
-  std::map<int, std::vector<char>> sender_epilogue;
-  auto recv_epilogue = [&](VirtualStage from, int mb) -> bool {
-    auto it = sender_epilogue.find(from.stage);
-    if (it == sender_epilogue.end()) {
-      it = sender_epilogue.emplace(from.stage, epilogue_backwards(schedule.actions(from.stage, stages, m), m, v))
+namespace {
+
+// Builds one stage's plan (communication_plan): the messages of each action, with their peers and
+// epilogue flags, grouped into calls as the schedule's PlanCallStyle says.
+class PlanBuilder {
+ public:
+  PlanBuilder(const PipelineSchedule& schedule, int stage, int stages, int m)
+      : schedule_(schedule),
+        stage_(stage),
+        stages_(stages),
+        m_(m),
+        v_(schedule.chunks()),
+        acts_(schedule.actions(stage, stages, m)),
+        have_input_(index(v_, 0), false),
+        have_grad_(index(v_, 0), false),
+        send_epilogue_(epilogue_backwards(acts_, m, v_)) {}
+
+  std::vector<StageStep> build() {
+    std::vector<StageStep> plan;
+    for (size_t n = 0; n < acts_.size(); ++n) {
+      const PipeAction& a = acts_[n];
+      StageStep step{{}, a, {}};
+      if (a.op != PipeOp::kWeight) {  // W: local, no message (its B received the gradient it needs)
+        std::vector<P2PMessage> in;
+        recv_input_of(a, in);  // a standalone receive, when no earlier call brought the input
+        add_call(step.before, std::move(in), a.phase);
+        after(n, step.after);
+      }
+      plan.push_back(std::move(step));
+    }
+    return plan;
+  }
+
+ private:
+  size_t index(int chunk, int mb) const { return static_cast<size_t>(chunk) * m_ + mb; }
+
+  // The epilogue flag of a gradient this stage receives: its sender's (the next virtual stage,
+  // stage + 1 or stage 0 across the ring), from the sender's own actions.
+  bool recv_epilogue(VirtualStage from, int mb) {
+    auto it = sender_epilogue_.find(from.stage);
+    if (it == sender_epilogue_.end()) {
+      it = sender_epilogue_.emplace(from.stage, epilogue_backwards(schedule_.actions(from.stage, stages_, m_), m_, v_))
                .first;
     }
-    return it->second[index(from.chunk, mb)];
-  };
-  // The message (d, chunk, mb) of this stage, or nothing when its virtual stage has no such peer.
-  auto msg = [&](P2PDir d, int chunk, int mb, std::vector<P2PMessage>& out) {
-    const VirtualStage peer = expected_peer(d, stage, chunk, stages, v);
+    return it->second[index(from.chunk, mb)] != 0;
+  }
+
+  // Appends this stage's message (d, chunk, mb); false when its virtual stage has no such peer.
+  bool message(P2PDir d, int chunk, int mb, std::vector<P2PMessage>& out) {
+    const VirtualStage peer = expected_peer(d, stage_, chunk, stages_, v_);
     if (!peer.exists()) return false;
-    const bool epilogue = d == P2PDir::kSendBackward   ? send_epilogue[index(chunk, mb)] != 0
+    const bool epilogue = d == P2PDir::kSendBackward   ? send_epilogue_[index(chunk, mb)] != 0
                           : d == P2PDir::kRecvBackward ? recv_epilogue(peer, mb)
                                                        : false;
     out.push_back(P2PMessage{d, mb, peer.stage, chunk, peer.chunk, epilogue});
     return true;
-  };
-  auto add_call = [](std::vector<P2PCall>& calls, std::vector<P2PMessage> msgs, PipePhase phase,
-                     bool wait = true) {
-    if (msgs.empty()) return;
-    const bool flush = std::none_of(msgs.begin(), msgs.end(),
-                                    [](const P2PMessage& x) { return is_forward(x.dir); });
-    calls.push_back({std::move(msgs), phase, flush, wait});
-  };
+  }
 
-  // Receives the input of action `b` into `out` unless an earlier call brought it.
-  auto recv_input_of = [&](const PipeAction& b, std::vector<P2PMessage>& out) {
-    const bool fwd = b.op == PipeOp::kForward;
-    std::vector<bool>& have = fwd ? have_input : have_grad;
+  void send_output_of(const PipeAction& a, std::vector<P2PMessage>& out) {
+    message(a.op == PipeOp::kForward ? P2PDir::kSendForward : P2PDir::kSendBackward, a.chunk, a.microbatch, out);
+  }
+
+  // Appends the receive of action b's input unless an earlier call brought it.
+  void recv_input_of(const PipeAction& b, std::vector<P2PMessage>& out) {
+    const bool forward = b.op == PipeOp::kForward;
+    std::vector<bool>& have = forward ? have_input_ : have_grad_;
     if (have[index(b.chunk, b.microbatch)]) return;
-    if (msg(fwd ? P2PDir::kRecvForward : P2PDir::kRecvBackward, b.chunk, b.microbatch, out)) {
+    if (message(forward ? P2PDir::kRecvForward : P2PDir::kRecvBackward, b.chunk, b.microbatch, out)) {
       have[index(b.chunk, b.microbatch)] = true;
     }
-  };
-  const bool interleaved = schedule.call_style() == PlanCallStyle::kInterleaved;
-  std::vector<StageStep> plan;
-  for (size_t n = 0; n < acts.size(); ++n) {
-    const PipeAction& a = acts[n];
-    const PipeAction* next = n + 1 < acts.size() ? &acts[n + 1] : nullptr;
+  }
+
+  static void add_call(std::vector<P2PCall>& calls, std::vector<P2PMessage> msgs, PipePhase phase,
+                       bool wait = true) {
+    if (msgs.empty()) return;
+    const bool flush = std::none_of(msgs.begin(), msgs.end(), [](const P2PMessage& x) { return is_forward(x.dir); });
+    calls.push_back({std::move(msgs), phase, flush, wait});
+  }
+
+  // The calls after action n (not a W).
+  void after(size_t n, std::vector<P2PCall>& calls) {
+    const PipeAction& a = acts_[n];
+    const PipeAction* next = n + 1 < acts_.size() ? &acts_[n + 1] : nullptr;
     const bool forward = a.op == PipeOp::kForward;
     const bool steady = a.phase == PipePhase::kSteady;
-    StageStep step{{}, a, {}};
-    if (a.op == PipeOp::kWeight) {  // W: local, no message (its B received the gradient it needs)
-      plan.push_back(std::move(step));
-      continue;
-    }
-    std::vector<P2PMessage> in, out;
-    recv_input_of(a, in);  // a standalone receive, when no earlier call brought the input
-    add_call(step.before, std::move(in), a.phase);
-    if (!forward && schedule.splits_backward()) {
+    std::vector<P2PMessage> out;
+    if (!forward && schedule_.splits_backward()) {
       // ZB-H1's B: its gradient leaves at once, without waiting, so the W's fill the time until
       // the previous stage takes it.
-      msg(P2PDir::kSendBackward, a.chunk, a.microbatch, out);
-      add_call(step.after, std::move(out), a.phase, /*wait=*/false);
-      plan.push_back(std::move(step));
-      continue;
+      send_output_of(a, out);
+      add_call(calls, std::move(out), a.phase, /*wait=*/false);
+      return;
     }
-    if (!interleaved) {
+    if (schedule_.call_style() == PlanCallStyle::kOneFOneB) {
       // Megatron's 1F1B: the output, fused with the next action's receive only between two
       // steady-state actions of opposite kinds.
-      msg(forward ? P2PDir::kSendForward : P2PDir::kSendBackward, a.chunk, a.microbatch, out);
+      send_output_of(a, out);
       if (next && steady && next->phase == PipePhase::kSteady && next->op != a.op && next->op != PipeOp::kWeight) {
         recv_input_of(*next, out);
       }
@@ -268,18 +292,27 @@ std::vector<StageStep> communication_plan(const PipelineSchedule& schedule, int 
       // then sends both and receives the next pair's two inputs (send_forward_backward_recv_
       // forward_backward); elsewhere the output goes with the next action's input, and the last
       // warm-up forward also receives the first steady backward's gradient.
-      if (!forward && steady) {
-        const PipeAction& pair = acts[n - 1];
-        msg(P2PDir::kSendForward, pair.chunk, pair.microbatch, out);
-      }
-      msg(forward ? P2PDir::kSendForward : P2PDir::kSendBackward, a.chunk, a.microbatch, out);
+      if (!forward && steady) send_output_of(acts_[n - 1], out);  // the pair's forward
+      send_output_of(a, out);
       if (next) recv_input_of(*next, out);
-      if (next && next->op == PipeOp::kForward && next->phase == PipePhase::kSteady) recv_input_of(acts[n + 2], out);
+      if (next && next->op == PipeOp::kForward && next->phase == PipePhase::kSteady) recv_input_of(acts_[n + 2], out);
     }
-    add_call(step.after, std::move(out), a.phase);
-    plan.push_back(std::move(step));
+    add_call(calls, std::move(out), a.phase);
   }
-  return plan;
+
+  const PipelineSchedule& schedule_;
+  const int stage_, stages_, m_, v_;
+  const std::vector<PipeAction> acts_;
+  std::vector<bool> have_input_, have_grad_;  // received by an earlier fused call, by index()
+  const std::vector<char> send_epilogue_;     // this stage's epilogue sends, by index()
+  std::map<int, std::vector<char>> sender_epilogue_;  // by sender stage
+};
+
+}  // namespace
+
+std::vector<StageStep> communication_plan(const PipelineSchedule& schedule, int stage, int stages,
+                                          int m) {
+  return PlanBuilder(schedule, stage, stages, m).build();
 }
 
 bool backward_send_is_epilogue(const PipelineSchedule& s, int stage, int stages, int m, int mb, int chunk) {
