@@ -46,8 +46,13 @@ demo-1rank:
 
 # Also installs the single-node Slurm cluster's packages (slurm/testing/deps.sh), so the Slurm
 # integration test runs instead of being skipped; ctest lists any test it skipped, and why, at the end.
-test: build
-	bash slurm/testing/deps.sh || echo "WARNING: the Slurm packages could not be installed (needs root or sudo): ctest skips slurm_integration"
+# The install (network and dpkg) runs while the build compiles; its output is in $(BUILD)/slurm-deps.log.
+test: configure
+	@bash slurm/testing/deps.sh > $(BUILD)/slurm-deps.log 2>&1 & deps=$$!; \
+	  cmake --build $(BUILD) -j $(JOBS); built=$$?; \
+	  wait $$deps && tail -1 $(BUILD)/slurm-deps.log || { tail -5 $(BUILD)/slurm-deps.log; \
+	    echo "WARNING: the Slurm packages could not be installed (needs root or sudo): ctest skips slurm_integration"; }; \
+	  exit $$built
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 
 # Unit tests only (no multi-step training, no subprocesses).
