@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
-# Times what `make test` installs on a fresh Debian 12 machine (docs/builds.md, "CI and build times"):
+# Times what `make test` does on a fresh Debian 12 machine (docs/builds.md, "CI and build times"):
 # debootstraps a minimal Debian 12 root in a temporary folder, then runs scripts/deps.sh and
 # slurm/testing/deps.sh in it (apt-get from the network) and prints each one's seconds and the size
-# of the packages fetched. Needs root and debootstrap; removes the root at the end.
+# of the packages fetched. With --make-test it instead runs the README's whole `make test` in that
+# root, on a clone of this repository's HEAD (no packages, no compiler cache), and prints its
+# seconds and ctest's summary. Needs root and debootstrap; unmounts and removes the root at the end.
 #
-#   scripts/ci/fresh_install_time.sh        OPTCC_DEBIAN_MIRROR (default http://deb.debian.org/debian)
+#   scripts/ci/fresh_install_time.sh [--make-test]    OPTCC_DEBIAN_MIRROR (default http://deb.debian.org/debian)
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 MIRROR="${OPTCC_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+MAKE_TEST=0
+[ "${1:-}" = --make-test ] && MAKE_TEST=1
 [ "$(id -u)" -eq 0 ] || { echo "fresh_install_time.sh: needs root (debootstrap, chroot)" >&2; exit 1; }
 command -v debootstrap > /dev/null || { echo "fresh_install_time.sh: needs debootstrap (apt-get install debootstrap)" >&2; exit 1; }
 work=$(mktemp -d /tmp/optcc-fresh-install.XXXXXX)
 root="$work/root"
-cleanup() { umount "$root/proc" 2> /dev/null || true; rm -rf "$work"; }
+MOUNTS=(proc sys dev dev/pts dev/shm run)
+cleanup() {
+  for ((i = ${#MOUNTS[@]} - 1; i >= 0; i--)); do umount -l "$root/${MOUNTS[i]}" 2> /dev/null || true; done
+  # Never remove through a mount that is still there (the host's /dev, /sys).
+  if grep -q " $root/" /proc/mounts; then
+    echo "fresh_install_time: $root still has mounts; left in place" >&2
+  else
+    rm -rf --one-file-system "$work"
+  fi
+}
 trap cleanup EXIT
 t0=$(date +%s)
 debootstrap --variant=minbase bookworm "$root" "$MIRROR" > "$work/debootstrap.log" 2>&1 ||
@@ -20,10 +33,26 @@ debootstrap --variant=minbase bookworm "$root" "$MIRROR" > "$work/debootstrap.lo
 t1=$(date +%s)
 echo "fresh_install_time: debootstrap (the machine itself, not counted): $((t1 - t0)) s"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+mount -t proc proc "$root/proc"
+if [ "$MAKE_TEST" = 1 ]; then
+  # A machine's /sys, /dev and /run (sockets, shared memory, network namespaces for the tests).
+  for m in sys dev dev/pts dev/shm run; do mkdir -p "$root/$m" && mount --bind "/$m" "$root/$m"; done
+  # make and git come with a fresh machine's build tools; scripts/deps.sh installs the rest.
+  chroot "$root" bash -c "apt-get update -q && apt-get install -y -q --no-install-recommends make git ca-certificates" \
+    > "$work/make.log" 2>&1 || { tail -20 "$work/make.log"; exit 1; }
+  git clone -q "$REPO" "$root/optcc"
+  echo "fresh_install_time: make test on a clone of $(git -C "$REPO" rev-parse --short HEAD)"
+  t=$(date +%s)
+  rc=0
+  chroot "$root" bash -c "cd /optcc && make test" > "$work/make-test.log" 2>&1 || rc=$?
+  echo "fresh_install_time: make test: $(($(date +%s) - t)) s (exit $rc)"
+  grep -E "tests passed|Total Test time|^deps:|slurm deps:" "$work/make-test.log" || true
+  [ "$rc" = 0 ] || { tail -40 "$work/make-test.log"; exit 1; }
+  exit 0
+fi
 mkdir -p "$root/optcc/scripts" "$root/optcc/slurm/testing"
 cp "$REPO/scripts/deps.sh" "$root/optcc/scripts/"
 cp "$REPO/slurm/testing/deps.sh" "$root/optcc/slurm/testing/"
-mount -t proc proc "$root/proc"
 for step in scripts/deps.sh slurm/testing/deps.sh; do
   t=$(date +%s)
   chroot "$root" bash -c "cd /optcc && bash $step" > "$work/step.log" 2>&1 || { tail -20 "$work/step.log"; exit 1; }
