@@ -7,6 +7,7 @@
 #include <sstream>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #ifdef OPTCC_HAVE_DNNL
 #include <dnnl.h>
@@ -79,14 +80,31 @@ bool dnnl_mm(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor& b,
 }
 #endif
 
-// y = x·wᵀ (+ b) and its gradients through mm_f32_out; x2 [rows, in] is x flattened. Without a
-// bias, b is an empty placeholder (LibTorch 1.13's Function::apply cannot take undefined inputs).
+// The store of this thread's WeightGradDeferral, or null.
+thread_local DeferredWeightGrads* deferral_store = nullptr;
+
+bool fp32_cpu(const torch::Tensor& t) { return t.is_cpu() && t.scalar_type() == torch::kFloat; }
+
+// out = a·b through mm_f32_out for fp32 CPU operands, else ATen (other dtypes, GPUs).
+torch::Tensor mm_any(const torch::Tensor& a, const torch::Tensor& b, const torch::TensorOptions& options) {
+  if (!(fp32_cpu(a) && fp32_cpu(b))) return a.mm(b);
+  auto out = torch::empty({a.size(0), b.size(1)}, options);
+  mm_f32_out(out, a, b);
+  return out;
+}
+
+// y = x·wᵀ (+ b) and its gradients through mm_f32_out (fp32 CPU; ATen otherwise, which only a
+// deferring forward sends here); x2 [rows, in] is x flattened. Without a bias, b is an empty
+// placeholder (LibTorch 1.13's Function::apply cannot take undefined inputs). A forward made under a
+// WeightGradDeferral keeps its store, and its backward records the weight and bias gradients there.
 struct GemmLinear : torch::autograd::Function<GemmLinear> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x2, const torch::Tensor& w,
                                const torch::Tensor& b) {
-    ctx->save_for_backward({x2, w});
+    ctx->save_for_backward({x2, w, b});
     const bool has_bias = b.numel() > 0;
     ctx->saved_data["has_bias"] = has_bias;
+    ctx->saved_data["deferral"] = static_cast<int64_t>(reinterpret_cast<intptr_t>(deferral_store));
+    if (!(fp32_cpu(x2) && fp32_cpu(w))) return has_bias ? torch::addmm(b, x2, w.t()) : x2.mm(w.t());
     auto y = torch::empty({x2.size(0), w.size(0)}, x2.options());  // [rows, out]
     if (has_bias) y.copy_(b.unsqueeze(0).expand_as(y));
     mm_f32_out(y, x2, w.t(), 1.0f, has_bias ? 1.0f : 0.0f);
@@ -98,20 +116,31 @@ struct GemmLinear : torch::autograd::Function<GemmLinear> {
     const auto saved = ctx->get_saved_variables();
     const auto& x2 = saved[0];
     const auto& w = saved[1];
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
     const torch::Tensor g = grads[0].contiguous();  // [rows, out]
     torch::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0)) {
-      dx = torch::empty_like(x2, at::MemoryFormat::Contiguous);
-      mm_f32_out(dx, g, w);  // [rows, out] x [out, in]
+    if (ctx->needs_input_grad(0)) dx = mm_any(g, w, x2.options());  // [rows, out] x [out, in]
+    auto* store = reinterpret_cast<DeferredWeightGrads*>(static_cast<intptr_t>(ctx->saved_data["deferral"].toInt()));
+    if (store != nullptr && (ctx->needs_input_grad(1) || (has_bias && ctx->needs_input_grad(2)))) {
+      store->record({x2, g, w, has_bias ? saved[2] : torch::Tensor()});  // W computes them later
+      return {dx, dw, db};
     }
-    if (ctx->needs_input_grad(1)) {
-      dw = torch::empty({w.size(0), w.size(1)}, w.options());
-      mm_f32_out(dw, g.t(), x2);  // [out, rows] x [rows, in]
-    }
-    if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = g.sum(0);
+    if (ctx->needs_input_grad(1)) dw = mm_any(g.t(), x2, w.options());  // [out, rows] x [rows, in]
+    if (has_bias && ctx->needs_input_grad(2)) db = g.sum(0);
     return {dx, dw, db};
   }
 };
+
+// Adds `grad` to t's gradient: into .grad of a leaf, through autograd otherwise (a cast of the leaf).
+void accumulate_into(const torch::Tensor& t, const torch::Tensor& grad) {
+  if (!t.requires_grad()) return;
+  if (t.is_leaf()) {
+    torch::Tensor& g = t.mutable_grad();
+    g = g.defined() ? g + grad : grad;
+    return;
+  }
+  torch::autograd::backward({t}, {grad});
+}
 
 #ifdef OPTCC_HAVE_DNNL
 // layout() of the last two dimensions of an N-D tensor.
@@ -292,11 +321,54 @@ void mm_f32_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor&
   aten_mm(out, a, b, alpha, beta);
 }
 
+void DeferredWeightGrads::record(Item item) {
+  std::lock_guard<std::mutex> lock(mu_);
+  items_.push_back(std::move(item));
+}
+
+std::vector<DeferredWeightGrads::Item> DeferredWeightGrads::take() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(items_, {});
+}
+
+int64_t DeferredWeightGrads::held_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  int64_t n = 0;
+  for (const Item& i : items_) n += i.x.nbytes() + i.dy.nbytes();
+  return n;
+}
+
+void DeferredWeightGrads::run(const std::vector<Item>& items) {
+  for (const Item& i : items) {
+    torch::Tensor dw, db;
+    {
+      torch::NoGradGuard no_grad;
+      dw = mm_any(i.dy.t(), i.x, i.w.options());  // [out, rows] x [rows, in]
+      if (i.b.defined()) db = i.dy.sum(0);
+    }
+    accumulate_into(i.w, dw);
+    if (i.b.defined()) accumulate_into(i.b, db);
+  }
+}
+
+WeightGradDeferral::WeightGradDeferral(DeferredWeightGrads& store) {
+  TORCH_CHECK(deferral_store == nullptr, "WeightGradDeferral: one is already alive on this thread");
+  deferral_store = &store;
+}
+
+WeightGradDeferral::~WeightGradDeferral() { deferral_store = nullptr; }
+
+WeightGradDeferralPause::WeightGradDeferralPause() : paused_(std::exchange(deferral_store, nullptr)) {}
+
+WeightGradDeferralPause::~WeightGradDeferralPause() { deferral_store = paused_; }
+
 torch::Tensor gemm_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b) {
   const bool fast = gemm_uses_onednn() && x.is_cpu() && w.is_cpu() && x.scalar_type() == torch::kFloat &&
                     w.scalar_type() == torch::kFloat && (!b.defined() || b.scalar_type() == torch::kFloat) &&
                     x.dim() >= 1 && w.dim() == 2 && x.numel() > 0;
-  if (!fast) return torch::nn::functional::linear(x, w, b);
+  const bool deferring = deferral_store != nullptr && x.dim() >= 1 && w.dim() == 2 && x.numel() > 0 &&
+                         torch::GradMode::is_enabled();
+  if (!fast && !deferring) return torch::nn::functional::linear(x, w, b);
   TORCH_CHECK(x.size(-1) == w.size(1), "gemm_linear: x [.., ", x.size(-1), "] does not match w ", w.sizes());
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = w.size(0);

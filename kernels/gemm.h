@@ -12,6 +12,7 @@
 
 #include <torch/torch.h>
 
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -57,8 +58,65 @@ void mm_f32_out(torch::Tensor& out, const torch::Tensor& a, const torch::Tensor&
 /// y = x·wᵀ + b, as torch::nn::functional::linear, with autograd: x [.., in], w [out, in],
 /// b [out] or undefined; returns [.., out]. fp32 CPU tensors run the forward GEMM, the input
 /// gradient (dy·w) and the weight gradient (dyᵀ·x) through mm_f32_out; anything else is
-/// F::linear. The model's linear layers (models/tensor_parallel.h) and output layer use it.
+/// F::linear (ATen's GEMMs through the same autograd function while a WeightGradDeferral is
+/// alive, below). The model's linear layers (models/tensor_parallel.h) and output layer use it.
 torch::Tensor gemm_linear(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b = {});
+
+/// Weight gradients deferred from the backward pass (zero-bubble schedules split a stage's backward
+/// into B, the input gradient, and W, the weight gradients: harness/parallel/pipeline_runner.h).
+/// While a WeightGradDeferral is alive on the thread that runs a forward pass, every gemm_linear of
+/// that pass is marked: its backward computes only the input gradient dx = dy·w and records the
+/// weight gradient's GEMM instead (holding the layer's input x [rows, in] and output gradient dy
+/// [rows, out], any dtype and device), with the bias gradient (the sum of dy's rows) when the call
+/// has a bias. take() hands over what was recorded since the last take(); run() of those items
+/// computes dw = dyᵀ·x (and db) and accumulates them into the gradients of the tensors gemm_linear
+/// was given, as the whole backward would have (through autograd when a weight is a cast of the
+/// parameter, as under mixed precision). The records of one backward pass are made on whichever
+/// thread autograd runs it; the store is locked.
+class DeferredWeightGrads {
+ public:
+  struct Item {
+    torch::Tensor x, dy;    // [rows, in], [rows, out]
+    torch::Tensor w, b;     // as given to gemm_linear (b undefined without a bias)
+  };
+  void record(Item item);
+  /// The items recorded since the last take(), in record order.
+  std::vector<Item> take();
+  /// Bytes held by recorded, not yet taken items (their x and dy).
+  int64_t held_bytes() const;
+  /// dw = dyᵀ·x (and db = Σ_rows dy) of each item, accumulated into its weight's (and bias's)
+  /// gradient. Any thread; autograd off for the GEMMs themselves.
+  static void run(const std::vector<Item>& items);
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Item> items_;
+};
+
+/// Marks the gemm_linear forwards of this thread, while alive, as deferring their weight gradients
+/// into `store` (which must outlive the backward passes of those forwards). Not nestable.
+class WeightGradDeferral {
+ public:
+  explicit WeightGradDeferral(DeferredWeightGrads& store);
+  ~WeightGradDeferral();
+  WeightGradDeferral(const WeightGradDeferral&) = delete;
+  WeightGradDeferral& operator=(const WeightGradDeferral&) = delete;
+};
+
+/// Suspends this thread's WeightGradDeferral while alive (gemm_linear's weight gradients are then
+/// computed in the backward as usual), restoring it after; nothing when none is alive. The output
+/// layer uses it: deferring its weight gradient would hold the logits' gradient [s·b, V/t] of every
+/// micro-batch until its W, more than a layer's activations.
+class WeightGradDeferralPause {
+ public:
+  WeightGradDeferralPause();
+  ~WeightGradDeferralPause();
+  WeightGradDeferralPause(const WeightGradDeferralPause&) = delete;
+  WeightGradDeferralPause& operator=(const WeightGradDeferralPause&) = delete;
+
+ private:
+  DeferredWeightGrads* paused_;
+};
 
 /// c = a·b over batch dimensions, as torch::matmul for equal batch shapes, with autograd: a
 /// [..., m, k], b [..., k, n] (the same leading dimensions, no broadcasting) -> [..., m, n]. fp32

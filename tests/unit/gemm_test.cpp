@@ -1,5 +1,6 @@
 // kernels/gemm.h: the oneDNN GEMM path against ATen (F::linear, at::mm) within fp32 round-off,
-// forward and both gradients, with and without bias, on 3-D inputs and transposed views.
+// forward and both gradients, with and without bias, on 3-D inputs and transposed views; deferred
+// weight gradients against the plain backward.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -36,6 +37,51 @@ TEST(Gemm, LinearMatchesAtenForwardAndBothGradients) {
   expect_linear_matches_aten(torch::randn({17, 32}), torch::randn({8, 32}), torch::Tensor());
   // a transposed (non-contiguous) input and a narrowed weight, as the output layer's x·Eᵀ
   expect_linear_matches_aten(torch::randn({32, 6}).t(), torch::randn({40, 32}).narrow(0, 0, 30), torch::Tensor());
+}
+
+// Deferred weight gradients (ZB-H1's W): under a WeightGradDeferral the backward gives the input
+// gradient only; run() of what it recorded then gives the weight and bias gradients of the plain
+// backward, bit for bit in fp32 (the same GEMMs), into leaves and through a cast (bf16 compute of an
+// fp32 parameter: autograd carries the deferred gradient through the cast). Two micro-batches
+// accumulate, as W after W does.
+TEST(Gemm, DeferredWeightGradientsEqualThePlainBackward) {
+  torch::manual_seed(3);
+  const auto x0 = torch::randn({2, 5, 24}), w0 = torch::randn({16, 24}), b0 = torch::randn({16});
+  for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    SCOPED_TRACE(c10::toString(dtype));
+    auto run = [&](bool defer) {
+      auto w = w0.clone().requires_grad_(true), b = b0.clone().requires_grad_(true);
+      std::vector<torch::Tensor> dx;
+      DeferredWeightGrads store;
+      for (int mb = 0; mb < 2; ++mb) {
+        auto x = (x0 + mb).to(dtype).requires_grad_(true);
+        const torch::Tensor before = w.grad().defined() ? w.grad().clone() : torch::Tensor();
+        torch::Tensor y;
+        if (defer) {
+          WeightGradDeferral on(store);
+          y = gemm_linear(x, w.to(dtype), b.to(dtype));
+        } else {
+          y = gemm_linear(x, w.to(dtype), b.to(dtype));
+        }
+        y.sum().backward();
+        dx.push_back(x.grad().to(torch::kFloat));
+        if (!defer) continue;
+        EXPECT_EQ(w.grad().defined(), before.defined()) << "B must leave the weight gradient to W";
+        if (before.defined()) {
+          EXPECT_TRUE(torch::equal(w.grad(), before)) << "B must leave the weight gradient to W";
+        }
+        EXPECT_GT(store.held_bytes(), 0);
+        DeferredWeightGrads::run(store.take());
+        EXPECT_EQ(store.held_bytes(), 0);
+      }
+      return std::vector<torch::Tensor>{dx[0], dx[1], w.grad(), b.grad()};
+    };
+    const auto plain = run(false), deferred = run(true);
+    for (size_t i = 0; i < plain.size(); ++i) {
+      ASSERT_TRUE(deferred[i].defined()) << i;
+      EXPECT_TRUE(torch::allclose(deferred[i], plain[i], 1e-6, 1e-6)) << "output " << i;
+    }
+  }
 }
 
 TEST(Gemm, MmMatchesAtenWithAlphaBetaAndTransposedViews) {
