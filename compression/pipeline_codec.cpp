@@ -84,7 +84,7 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
   torch::Tensor* err = nullptr;
   torch::Tensor carried;  // what is added to this send: the buffer, or β·buffer
   int carried_age = -1;
-  const int key = lep_key(msg.microbatch);
+  const int key = lep_key(msg.microbatch, msg.chunk);
   if (!forward && policy_.lep != LepMode::kOff) {
     err = &lep_buffers_[key];
     if (err->defined()) {
@@ -113,7 +113,7 @@ std::vector<torch::Tensor> PipelineCodec::encode(const P2PMessage& msg, const P2
   if (check_orth_ && !forward) {
     orth_errors_[msg.microbatch] = err ? err->clone() : c->last_error().clone();
   }
-  if (lep_diag_ && !forward) record_lep_send(msg.microbatch, x0, carried, carried_age, err ? *err : c->last_error());
+  if (lep_diag_ && !forward) record_lep_send(msg.microbatch, msg.chunk, x0, carried, carried_age, err ? *err : c->last_error());
   stats_.encode_seconds += timer.seconds();
   return p.parts;
 }
@@ -141,7 +141,7 @@ torch::Tensor PipelineCodec::decode(const P2PMessage& msg, const P2PCall& call,
 
 // One LepSendRecord; `carried` undefined when nothing was carried. The activation of this
 // micro-batch moves to lep_src_acts_ when the mode keeps the error, for the next carried send.
-void PipelineCodec::record_lep_send(int mb, const torch::Tensor& slice, const torch::Tensor& carried, int carried_age,
+void PipelineCodec::record_lep_send(int mb, int chunk, const torch::Tensor& slice, const torch::Tensor& carried, int carried_age,
                                     const torch::Tensor& new_error) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   auto cosine = [&](const torch::Tensor& a, const torch::Tensor& b) {
@@ -157,7 +157,7 @@ void PipelineCodec::record_lep_send(int mb, const torch::Tensor& slice, const to
   r.carried_norm = carried.defined() ? carried.norm().item<double>() : 0.0;
   r.cos_carried_slice = carried.defined() ? cosine(carried, slice) : nan;
   r.cos_carried_delta = nan;
-  const int key = lep_key(mb);
+  const int key = lep_key(mb, chunk);
   auto now = diag_acts_.find(mb);
   auto src = lep_src_acts_.find(key);
   if (carried.defined() && now != diag_acts_.end() && src != lep_src_acts_.end() &&
@@ -171,8 +171,8 @@ void PipelineCodec::record_lep_send(int mb, const torch::Tensor& slice, const to
   }
 }
 
-torch::Tensor PipelineCodec::lep_error(int mb) const {
-  auto it = lep_buffers_.find(lep_key(mb));
+torch::Tensor PipelineCodec::lep_error(int mb, int chunk) const {
+  auto it = lep_buffers_.find(lep_key(mb, chunk));
   return it == lep_buffers_.end() ? torch::Tensor() : it->second;
 }
 
@@ -282,8 +282,15 @@ void PipelineCodec::check_loaded_state() const {
   }
 }
 
-void PipelineCodec::expect_messages(int64_t forward_slice, int64_t backward_slice, int64_t microbatches) {
-  expected_ = Messages{forward_slice, backward_slice, microbatches};
+void PipelineCodec::expect_messages(int64_t forward_slice, int64_t backward_slice, int64_t microbatches,
+                                    std::vector<int> backward_chunks) {
+  expected_ = Messages{forward_slice, backward_slice, microbatches, std::move(backward_chunks)};
+}
+
+std::string PipelineCodec::lep_state_name(int key) const {
+  const int chunk = key / kChunkKeys, mb = key % kChunkKeys;
+  std::string name = chunk == 0 ? "lep" : fmt::format("lep.chunk{}", chunk);
+  return policy_.lep == LepMode::kPerMicrobatch ? fmt::format("{}.{}", name, mb) : name;
 }
 
 std::vector<TensorSpec> PipelineCodec::expected_state() const {
@@ -297,10 +304,9 @@ std::vector<TensorSpec> PipelineCodec::expected_state() const {
     for (auto spec : codecs[i]->state_for(slices[i])) out.push_back({names[i] + ("." + spec.name), spec.shape});
   }
   if (!backward_ || slices[1] <= 0 || policy_.lep == LepMode::kOff || policy_.lep == LepMode::kLazyIteration) return out;
-  if (policy_.lep != LepMode::kPerMicrobatch) {
-    out.push_back({"lep", {slices[1]}});
-  } else {
-    for (int64_t mb = 0; mb < expected_->microbatches; ++mb) out.push_back({"lep." + std::to_string(mb), {slices[1]}});
+  const int64_t slots = policy_.lep == LepMode::kPerMicrobatch ? expected_->microbatches : 1;
+  for (int chunk : expected_->backward_chunks) {
+    for (int64_t mb = 0; mb < slots; ++mb) out.push_back({lep_state_name(lep_key(static_cast<int>(mb), chunk)), {slices[1]}});
   }
   return out;
 }
@@ -313,9 +319,8 @@ std::vector<TensorSpec> PipelineCodec::held_state() const {
     if (!codecs[i]) continue;
     for (auto spec : codecs[i]->held_state()) out.push_back({names[i] + ("." + spec.name), spec.shape});
   }
-  for (const auto& [mb, t] : lep_buffers_) {
-    if (!t.defined()) continue;
-    out.push_back({policy_.lep != LepMode::kPerMicrobatch ? std::string("lep") : "lep." + std::to_string(mb), t.sizes().vec()});
+  for (const auto& [key, t] : lep_buffers_) {
+    if (t.defined()) out.push_back({lep_state_name(key), t.sizes().vec()});
   }
   return out;
 }

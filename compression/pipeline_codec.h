@@ -21,6 +21,10 @@
 //     β = 1 is kLazy bit for bit): sent + new error = slice + β·old error.
 //     Memory per rank (one backward slice = S bytes in fp32): off 0, lazy / lazy_iteration /
 //     lazy_decay S, per_microbatch m·S.
+//     Interleaved 1F1B: a stage sends gradients from each of its model chunks across a boundary
+//     of its own (chunk c of stage k to the virtual stage before it), so every buffer above exists
+//     once per sending chunk (key (chunk, micro-batch)): LEP memory grows with the chunks, c·S for
+//     lazy with c sending chunks (v, or v−1 on stage 0, whose chunk 0 sends none).
 //   - Forward activations go through the forward codec when one is given (an ablation baseline;
 //     the paper never compresses them). No error feedback on forward messages.
 // A codec named `none` (or null) leaves its direction uncompressed: the slice itself travels in
@@ -127,10 +131,10 @@ class PipelineCodec : public MessageCodec {
   torch::Tensor decode(const P2PMessage& msg, const P2PCall& call,
                        const std::vector<torch::Tensor>& wire, int64_t slice_numel) override;
 
-  /// The LEP buffer: the one buffer (micro-batch ignored) or, for kPerMicrobatch, slot `mb`.
-  /// Undefined before the first compressed send, after end_step() for kLazyIteration, and for
-  /// kOff. [slice_numel] fp32.
-  torch::Tensor lep_error(int mb = 0) const;
+  /// The LEP buffer of model chunk `chunk`: the one buffer (micro-batch ignored) or, for
+  /// kPerMicrobatch, slot `mb`. Undefined before the first compressed send, after end_step() for
+  /// kLazyIteration, and for kOff. [slice_numel] fp32.
+  torch::Tensor lep_error(int mb = 0, int chunk = 0) const;
   /// Bytes held by LEP buffers now.
   int64_t lep_bytes() const;
   /// The most bytes LEP buffers held at once since begin_step() (the Fig. 12 component: for
@@ -167,10 +171,13 @@ class PipelineCodec : public MessageCodec {
   /// The messages this rank will encode: the flat slice length of its forward and of its backward
   /// sends (N/t with TP scatter-gather, else N; 0 when the stage sends none that way) and the
   /// micro-batches per step. Declared by the owner before load().
-  void expect_messages(int64_t forward_slice, int64_t backward_slice, int64_t microbatches);
+  /// `backward_chunks`: the model chunks that send backward (interleaved: all but stage 0's chunk 0).
+  void expect_messages(int64_t forward_slice, int64_t backward_slice, int64_t microbatches,
+                       std::vector<int> backward_chunks = {0});
   /// The state this codec keeps for those messages, by name: "forward.q" / "backward.q" (the
   /// codec's ActCodec::state_for, e.g. lowrank's Q [cols, r]), "lep" (lazy, lazy_decay) or "lep.<mb>"
-  /// (kPerMicrobatch, mb < microbatches), each [backward_slice]. Empty before expect_messages().
+  /// (kPerMicrobatch, mb < microbatches), each [backward_slice]; a chunk c > 0's buffers are
+  /// "lep.chunk<c>" and "lep.chunk<c>.<mb>". Empty before expect_messages().
   std::vector<TensorSpec> expected_state() const;
 
   /// A copy for messages that must not touch this codec (evaluation): the same options and
@@ -192,20 +199,25 @@ class PipelineCodec : public MessageCodec {
   const PipelinePolicy& policy() const { return policy_; }
 
  private:
-  int lep_key(int mb) const { return policy_.lep == LepMode::kPerMicrobatch ? mb : 0; }
-  void record_lep_send(int mb, const torch::Tensor& slice, const torch::Tensor& carried, int carried_age,
+  // LEP buffers' keys: chunk * kChunkKeys + (kPerMicrobatch ? mb : 0), so chunk 0's are the micro-batch
+  // slots (or 0) as checkpoints written before interleaving hold them.
+  static constexpr int kChunkKeys = 1 << 16;
+  int lep_key(int mb, int chunk) const { return chunk * kChunkKeys + (policy_.lep == LepMode::kPerMicrobatch ? mb : 0); }
+  std::string lep_state_name(int key) const;  // "lep", "lep.<mb>", "lep.chunk<c>", "lep.chunk<c>.<mb>"
+  void record_lep_send(int mb, int chunk, const torch::Tensor& slice, const torch::Tensor& carried, int carried_age,
                        const torch::Tensor& new_error);
   const ActCodec* codec_for(const P2PMessage& msg, const P2PCall& call) const;
   std::vector<TensorSpec> held_state() const;  // named as in expected_state()
   void check_loaded_state() const;             // held vs expected; StateMismatch
   struct Messages {
     int64_t forward_slice = 0, backward_slice = 0, microbatches = 0;
+    std::vector<int> backward_chunks;
   };
 
   std::unique_ptr<ActCodec> forward_;   // null = identity
   std::unique_ptr<ActCodec> backward_;  // null = identity
   PipelinePolicy policy_;  // phases, LEP mode and its β (compression/pipeline_policy.h)
-  std::map<int, torch::Tensor> lep_buffers_;  // key lep_key(mb): 0 only, or per mb (kPerMicrobatch)
+  std::map<int, torch::Tensor> lep_buffers_;  // key lep_key(mb, chunk): per chunk 0 only, or per mb (kPerMicrobatch)
   std::map<int, int64_t> lep_made_at_;        // key -> iteration (begin_step count) that left its error
   int64_t iteration_ = 0;                     // begin_step() calls
   int64_t lep_peak_bytes_ = 0;

@@ -48,7 +48,7 @@ struct PipelinePolicy {
   /// The LEP buffers a rank holds at most during a step with `compressed_sends` compressed
   /// backward sends (one per micro-batch at most): none for kOff or when no send is compressed,
   /// one per compressed micro-batch for kPerMicrobatch, else one. Each is one backward slice in
-  /// fp32, so a rank's LEP memory is this times 4 · slice.
+  /// fp32, so a sending chunk's LEP memory is this times 4 · slice (a rank: the sum over its chunks).
   int64_t lep_buffers(int64_t compressed_sends) const {
     if (!keeps_error() || compressed_sends <= 0) return 0;
     return lep == LepMode::kPerMicrobatch ? compressed_sends : 1;

@@ -33,6 +33,13 @@ constexpr double logits_forward_flops(int64_t h, int64_t s, int64_t b, int64_t v
   return 2.0 * double(b) * double(s) * double(h) * double(vocab);
 }
 
+/// The part of one transformer layer's backward that computes weight gradients (W of the
+/// zero-bubble schedules): one GEMM of each linear layer's forward size, 24·b·s·h². The rest of
+/// backward_flops(layer_forward_flops()) is the input gradient (B), the attention's included.
+constexpr double layer_weight_grad_flops(int64_t h, int64_t s, int64_t b) {
+  return 24.0 * double(b) * double(s) * double(h) * double(h);
+}
+
 /// Backward FLOPs for `forward` forward FLOPs; `recompute` adds the repeated forward.
 constexpr double backward_flops(double forward, bool recompute = false) {
   return (kBackwardFlopsPerForward + (recompute ? 1.0 : 0.0)) * forward;

@@ -135,10 +135,17 @@ GptModelImpl::GptModelImpl(const GptOptions& o, Communicator* tp, StageRange sta
       attention_rng_(at::detail::createCPUGenerator(o.seed * 1000003ULL + 2718 + static_cast<uint64_t>(tp_rank(tp)))) {
   TORCH_CHECK(o.padded_vocab_size >= o.vocab_size, "padded_vocab_size < vocab_size");
   TORCH_CHECK(o.max_positions >= o.seq_len, "max_positions < seq_len");
-  if (stage_.num_layers < 0) stage_.num_layers = o.num_layers - stage_.first_layer;
-  TORCH_CHECK(stage_.first_layer >= 0 && stage_.first_layer + stage_.num_layers <= o.num_layers,
-              "stage layers [", stage_.first_layer, ", ", stage_.first_layer + stage_.num_layers,
-              ") outside the model's ", o.num_layers, " layers");
+  if (stage_.num_layers < 0) {
+    TORCH_CHECK(stage_.chunks == 1, "a stage of ", stage_.chunks, " model chunks needs num_layers per chunk");
+    stage_.num_layers = o.num_layers - stage_.first_layer;
+  }
+  TORCH_CHECK(stage_.chunks >= 1 && (stage_.chunks == 1 || stage_.chunk_stride >= stage_.num_layers),
+              "stage of ", stage_.chunks, " chunks with chunk_stride ", stage_.chunk_stride, " < num_layers ",
+              stage_.num_layers, " (chunks would overlap)");
+  const int64_t last_layer =
+      stage_.num_layers == 0 ? stage_.first_layer : stage_.layer_of(stage_.chunks * stage_.num_layers - 1) + 1;
+  TORCH_CHECK(stage_.first_layer >= 0 && last_layer <= o.num_layers,
+              "stage layers [", stage_.first_layer, ", ", last_layer, ") outside the model's ", o.num_layers, " layers");
   if (stage_.is_first || stage_.is_last) {
     embedding = register_module("embedding", VocabParallelEmbedding(o.padded_vocab_size, o.hidden_size, tp,
                                                                     o.init_std, o.seed, kWordEmbeddingTag));
@@ -149,7 +156,9 @@ GptModelImpl::GptModelImpl(const GptOptions& o, Communicator* tp, StageRange sta
         "position_embedding", init_full_normal({o.max_positions, o.hidden_size}, o.init_std, o.seed, kPositionEmbeddingTag));
   }
   blocks = register_module("blocks", torch::nn::ModuleList());
-  for (int64_t i = 0; i < stage_.num_layers; ++i) blocks->push_back(Block(o, stage_.first_layer + i, tp, attention_rng_));
+  for (int64_t i = 0; i < stage_.chunks * stage_.num_layers; ++i) {
+    blocks->push_back(Block(o, stage_.layer_of(i), tp, attention_rng_));
+  }
   if (stage_.is_last) final_ln = register_module("final_ln", layer_norm(o.hidden_size));
 }
 
@@ -170,13 +179,18 @@ torch::Tensor GptModelImpl::embed(const torch::Tensor& tokens) {
   return maybe_dropout(x, opt_.hidden_dropout, is_training());
 }
 
-torch::Tensor GptModelImpl::run_layers(torch::Tensor x) {
-  for (auto& block : *blocks) x = block->as<Block>()->forward(x);
+torch::Tensor GptModelImpl::run_layers(torch::Tensor x, int64_t chunk) {
+  TORCH_CHECK(chunk >= 0 && chunk < stage_.chunks, "run_layers: chunk ", chunk, " of a stage with ", stage_.chunks,
+              " chunks");
+  for (int64_t i = chunk * stage_.num_layers; i < (chunk + 1) * stage_.num_layers; ++i) {
+    x = blocks->ptr(i)->as<Block>()->forward(x);
+  }
   return x;
 }
 
 torch::Tensor GptModelImpl::head_loss(const torch::Tensor& x, const torch::Tensor& labels) {
   TORCH_CHECK(stage_.is_last, "head_loss() called on a stage without the output layer");
+  const WeightGradDeferralPause whole_backward;  // the output layer's weight gradient stays in B (gemm.h)
   // Mixed precision: the logits GEMM in the compute dtype, the cross-entropy on fp32 logits.
   auto h = norm_fp32(final_ln, x);
   if (tp_size(tp_) == 1) {  // one rank: the GEMM over all padded rows (aligned), the softmax over the true vocabulary

@@ -74,11 +74,21 @@ struct GptOptions {
 };
 
 /// Which part of the model this rank holds (a pipeline stage). Default: all of it.
+/// Interleaved 1F1B (chunks = v > 1): the stage holds v model chunks of num_layers layers each, chunk c
+/// starting at layer first_layer + c * chunk_stride (stage k of p: first_layer = k * num_layers,
+/// chunk_stride = p * num_layers, so chunk c is virtual stage c * p + k). Its blocks are numbered
+/// chunk-major: block i is chunk i / num_layers.
 struct StageRange {
   int64_t first_layer = 0;
-  int64_t num_layers = -1;  // -1 = all layers from first_layer
-  bool is_first = true;     // holds the embeddings
-  bool is_last = true;      // holds final LayerNorm + output layer
+  int64_t num_layers = -1;  // per chunk; -1 = all layers from first_layer (one chunk only)
+  bool is_first = true;     // holds the embeddings (chunk 0 runs them)
+  bool is_last = true;      // holds final LayerNorm + output layer (the last chunk runs them)
+  int64_t chunks = 1;       // model chunks (parallel.virtual_stages)
+  int64_t chunk_stride = 0; // whole-model layers from one chunk's first layer to the next's
+  /// The whole-model layer of this stage's block `block` (0 .. chunks * num_layers - 1).
+  int64_t layer_of(int64_t block) const {
+    return first_layer + (block / num_layers) * chunk_stride + block % num_layers;
+  }
 };
 
 /// Causal multi-head self-attention on [s, b, h]; this TP rank computes heads/t heads.
@@ -131,9 +141,11 @@ class GptModelImpl : public torch::nn::Module {
 
   /// First stage: tokens [b, s] int64 -> hidden [s, b, h] in the compute dtype.
   torch::Tensor embed(const torch::Tensor& tokens);
-  /// This stage's blocks: [s, b, h] -> [s, b, h].
-  torch::Tensor run_layers(torch::Tensor x);
+  /// This stage's blocks of model chunk `chunk` (0 .. stage().chunks - 1): [s, b, h] -> [s, b, h].
+  torch::Tensor run_layers(torch::Tensor x, int64_t chunk = 0);
   /// Last stage: hidden [s, b, h] and labels [b, s] int64 -> mean cross-entropy (nats), fp32 scalar.
+  /// Its backward computes the output layer's weight gradient even under a WeightGradDeferral
+  /// (kernels/gemm.h: the logits' gradient is too large to hold until W).
   /// At TP 1, logits larger than kPlainLogitsBytes in fp32 go through chunked_lm_cross_entropy
   /// (models/chunked_loss.h: never all fp32 logits at once); else the plain cross-entropy.
   torch::Tensor head_loss(const torch::Tensor& x, const torch::Tensor& labels);

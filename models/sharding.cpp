@@ -39,16 +39,16 @@ bool match_block(const std::string& stage_name, std::smatch& m) {
 
 }  // namespace
 
-std::optional<int64_t> whole_model_layer(const std::string& stage_name, int64_t first_layer) {
+std::optional<int64_t> whole_model_layer(const std::string& stage_name, const StageRange& stage) {
   std::smatch m;
   if (!match_block(stage_name, m)) return std::nullopt;
-  return std::stoll(m[1].str()) + first_layer;
+  return stage.layer_of(std::stoll(m[1].str()));
 }
 
 std::string whole_model_name(const std::string& stage_name, const StageRange& stage) {
   std::smatch m;
   if (!match_block(stage_name, m)) return stage_name;
-  return fmt::format("blocks.{}.{}", std::stoll(m[1].str()) + stage.first_layer, m[2].str());
+  return fmt::format("blocks.{}.{}", stage.layer_of(std::stoll(m[1].str())), m[2].str());
 }
 
 torch::Tensor merge_tp_shards(const std::vector<torch::Tensor>& shards, const TpSplit& split) {

@@ -6,7 +6,8 @@
 // that registered it (TpSplit, tensor_parallel.h: ColumnParallelLinear splits weight and bias along
 // dim 0, RowParallelLinear its weight along dim 1 and keeps its bias whole, VocabParallelEmbedding its
 // padded vocabulary rows); every other parameter (LayerNorms, GptModel's position_embedding) is
-// replicated. The pipeline side is the stage's StageRange: its block i is layer first_layer + i.
+// replicated. The pipeline side is the stage's StageRange: its block i is layer layer_of(i) (first_layer + i
+// with one model chunk; interleaved stages hold several chunks, gpt.h).
 // The tied word embedding: stage 0 holds it as the input embedding and, with more than one stage,
 // the last stage holds a copy used as the output layer; both are "embedding.weight" in the whole
 // model (one tensor: a whole model on one stage uses it for both).
@@ -29,11 +30,11 @@ namespace optcc {
 /// every TP size: a model built without a TP group (tp == nullptr) reports the splits it would have.
 std::map<std::string, TpSplit> tp_splits(const GptModelImpl& model);
 
-/// The whole-model layer of a stage's parameter name: first_layer + i for "blocks.<i>.<rest>";
-/// nullopt for every other name (the embeddings, the final LayerNorm).
-std::optional<int64_t> whole_model_layer(const std::string& stage_name, int64_t first_layer);
+/// The whole-model layer of a stage's parameter name: stage.layer_of(i) for "blocks.<i>.<rest>"
+/// (first_layer + i with one model chunk); nullopt for every other name (the embeddings, the final LayerNorm).
+std::optional<int64_t> whole_model_layer(const std::string& stage_name, const StageRange& stage);
 
-/// A stage's parameter name in the whole model: "blocks.<i>.<rest>" -> "blocks.<first_layer + i>.<rest>";
+/// A stage's parameter name in the whole model: "blocks.<i>.<rest>" -> "blocks.<stage.layer_of(i)>.<rest>";
 /// every other name is the same in both.
 std::string whole_model_name(const std::string& stage_name, const StageRange& stage);
 

@@ -417,7 +417,8 @@ EvalResult run_eval(const EvalOptions& o, Distributed& d) {
   GptModel model = build_eval_model(c, d, merged);
   merged.parameters.clear();  // the shards are in the model now
   const std::vector<int64_t> act = {c.model.seq_len, c.train.micro_batch_size, c.model.hidden_size};
-  StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act, act}, model->options().compute_dtype, nullptr);
+  StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act, act}, model->options().compute_dtype, nullptr,
+                 static_cast<int>(model->stage().chunks));
   r.loss = eval_loss(*model, link, d, c, data);
   const Perplexity ppl = perplexity(r.loss);
   r.ppl = ppl.value, r.ppl_capped = ppl.capped;

@@ -9,6 +9,7 @@
 #include "compat/fused_attention.h"
 #include "compat/torch_compat.h"
 #include "harness/parallel/device.h"
+#include "harness/parallel/schedule.h"
 #include "models/gpt.h"
 #include "models/precision.h"
 
@@ -160,6 +161,51 @@ void validate_backend(const Config& c) {
   }
 }
 
+// The schedule's own rules (schedule.h: its name, chunks, stages and micro-batches), asked from the
+// schedule itself, and the layer split interleaving needs.
+void validate_schedule(const Config& c) {
+  const auto& p = c.parallel;
+  const std::string runnable = "1f1b, gpipe, interleaved_1f1b or zb_h1";
+  check_positive("parallel.virtual_stages", p.virtual_stages);
+  std::unique_ptr<PipelineSchedule> schedule;
+  try {
+    schedule = make_schedule(p.schedule, static_cast<int>(p.virtual_stages));
+  } catch (const std::invalid_argument& e) {
+    const bool known = p.schedule == "1f1b" || p.schedule == "gpipe" || p.schedule == "zb_h1" ||
+                       p.schedule == "interleaved_1f1b";
+    if (!known) fail("parallel.schedule", "'" + p.schedule + "'", "must be " + runnable, "pick one of them");
+    // The schedule's message names the rule and the fix.
+    throw ConfigError(fmt::format("config error: parallel.virtual_stages = {}: {}", p.virtual_stages, e.what()));
+  }
+  if (p.virtual_stages == 1) return;
+  for (const auto& [key, on] : {std::pair{"log.lep_orthogonality", c.log.lep_orthogonality},
+                                std::pair{"log.lep_diagnostics", c.log.lep_diagnostics}}) {
+    if (on) {
+      fail(key, "true", "records one stage boundary per stage, and interleaved 1F1B has one per model chunk",
+           fmt::format("set {}: false, or use parallel.schedule: 1f1b", key));
+    }
+  }
+  if (!p.stage_layers.empty()) {
+    fail("parallel.stage_layers", fmt::format("{} entries", p.stage_layers.size()),
+         "cannot be set with interleaved_1f1b, whose chunks split the layers evenly",
+         "leave it empty, or use parallel.schedule: 1f1b");
+  }
+  const int64_t virtual_total = p.pp * p.virtual_stages;
+  if (c.model.num_layers % virtual_total != 0) {
+    fail("model.num_layers", std::to_string(c.model.num_layers),
+         fmt::format("is not divisible by parallel.pp * parallel.virtual_stages = {} * {} = {} (interleaved 1F1B "
+                     "gives each virtual stage the same number of layers)",
+                     p.pp, p.virtual_stages, virtual_total),
+         "change parallel.virtual_stages or pp");
+  }
+  const int64_t m = c.num_micro_batches();
+  try {
+    if (m >= 1) schedule->actions(0, static_cast<int>(p.pp), static_cast<int>(m));
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(fmt::format("config error: parallel.schedule = '{}': {}", p.schedule, e.what()));
+  }
+}
+
 void validate_parallel(const Config& c, int64_t world_size) {
   const auto& p = c.parallel;
   check_positive("parallel.tp", p.tp);
@@ -174,9 +220,7 @@ void validate_parallel(const Config& c, int64_t world_size) {
     fail("parallel.ranks_per_node", std::to_string(p.ranks_per_node), "must be >= 0",
          "give the ranks per node of the cluster, or 0 for the launcher's local world size");
   }
-  if (p.schedule != "1f1b" && p.schedule != "gpipe") {
-    fail("parallel.schedule", "'" + p.schedule + "'", "must be 1f1b or gpipe", "pick one of them");
-  }
+  validate_schedule(c);
   if (!(p.timeout_seconds > 0)) {
     fail("parallel.timeout_seconds", fmt::format("{}", p.timeout_seconds), "must be > 0",
          "use e.g. 120 (seconds)");

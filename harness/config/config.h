@@ -52,7 +52,10 @@ struct ParallelConfig {
   int64_t dp = 1;              // data-parallel size
   int64_t ranks_per_node = 0;  // ranks per node for intra/inter-node accounting; 0 = local world
   std::vector<int64_t> stage_layers;  // explicit layers per stage; empty = even split
-  std::string schedule = "1f1b";     // pipeline schedule: 1f1b (Megatron, non-interleaved) | gpipe
+  std::string schedule = "1f1b";     // pipeline schedule: 1f1b (Megatron, non-interleaved) | gpipe |
+                                      // interleaved_1f1b | zb_h1 (harness/parallel/schedule.h)
+  int64_t virtual_stages = 1;         // model chunks per stage (v): 1, or >= 2 with interleaved_1f1b,
+                                      // whose stage k holds layers of virtual stages k, p + k, ...
   double timeout_seconds = 120.0;     // rendezvous and per-collective timeout, s; a dead rank ends
                                       // the run within this time
   std::string interface;              // network interface the Gloo groups listen on (e.g. eth0,

@@ -26,6 +26,7 @@ template <class V> void ParallelConfig::visit(V&& v) {
   v("ranks_per_node", ranks_per_node);
   v("stage_layers", stage_layers);
   v("schedule", schedule);
+  v("virtual_stages", virtual_stages);
   v("timeout_seconds", timeout_seconds);
   v("interface", interface);
   v("device", device);

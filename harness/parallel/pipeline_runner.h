@@ -7,19 +7,27 @@
 // this rank's plan is done. The caller zeroes parameter gradients before and reduces them (DP, TP,
 // embedding) after, as without a pipeline; stages == 1 runs the plain forward/backward loop.
 //
-// Per micro-batch mb, stage k of p:
-//   forward:  x = received activation (undefined on stage 0); y = fn.forward(mb, x); y is sent to
-//             stage k+1, or on the last stage is this micro-batch's loss / m.
-//   backward: FIFO over the forwards. Autograd from y with the gradient received from stage k+1
-//             (last stage: from the loss, gradient 1); parameter gradients accumulate in .grad;
-//             x's gradient (dL/dx, zeros if the stage ignored x) is sent to stage k-1.
-//   Afterwards x, y and their graph are released: at most the schedule's in-flight micro-batches
-//   (1F1B: min(p-k, m); GPipe: m) hold activations at any time. The output's storage is not
-//   replaced by a placeholder after its send (Megatron's optional output deallocation, docs/design.md §1.3).
-// m < p works (BR-12): the plan then has no steady state.
+// Per (chunk c, micro-batch mb), stage k of p (one chunk, c = 0, unless the schedule interleaves v):
+//   forward:  x = received activation (undefined on the first virtual stage: stage 0's chunk 0);
+//             y = fn.forward(mb, c, x); y is sent to the next virtual stage, or on the last one
+//             (stage p-1's chunk v-1) is this micro-batch's loss / m.
+//   backward: in the schedule's order. Autograd from y with the gradient received from the next
+//             virtual stage (last: from the loss, gradient 1); parameter gradients accumulate in
+//             .grad; x's gradient (dL/dx, zeros if the stage ignored x) is sent to the previous one.
+//   Afterwards x, y and their graph are released: at most the schedule's in-flight (chunk,
+//   micro-batch) pairs (1F1B: min(p-k, m); GPipe: m; interleaved: schedule.h) hold activations at
+//   any time. The output's storage is not replaced by a placeholder after its send (Megatron's
+//   optional output deallocation, docs/design.md §1.3).
+// m < p works for 1F1B and GPipe (BR-12): the plan then has no steady state.
 //
-// Errors: std::invalid_argument for a schedule this runner does not run (interleaved_1f1b, zb_h1:
-// plans only so far); when forward returns the wrong thing (not a scalar loss on the last
+// Schedules that split the backward (zb_h1): kBackward is B, autograd with each forward's linear
+// layers deferring their weight-gradient GEMMs (kernels/gemm.h, WeightGradDeferral), and kWeight is
+// W, those GEMMs accumulated into .grad; between the two only each layer's input and output gradient
+// are held. Calls the plan does not wait on (P2PCall::wait false: B's sends) are posted and finished
+// at the end of the step, so the step returns with every gradient of the stage in .grad.
+//
+// Errors: std::invalid_argument for a schedule whose model chunks differ from the link's; when
+// forward returns the wrong thing (not a scalar loss on the last virtual
 // stage; not the link's output shape elsewhere, reported by StageLink; no autograd graph);
 // CommError when a peer fails or hangs (StageLink, within the communicators' timeout); whatever
 // fn.forward throws. After an exception the step is abandoned: zero the gradients before retrying.
@@ -38,13 +46,14 @@ namespace optcc {
 class StageFunctions {
  public:
   virtual ~StageFunctions() = default;
-  /// Forward of micro-batch `mb` (0..m-1, called in schedule order). `input` is the received
-  /// activation, StageLinkShapes::input, a leaf with requires_grad (undefined on stage 0, which
-  /// reads its own micro-batch). Returns the output activation (StageLinkShapes::output) on
-  /// non-last stages, or on the last stage the scalar loss of that micro-batch ALREADY divided by
+  /// Forward of micro-batch `mb` (0..m-1, called in schedule order) through this stage's model
+  /// chunk `chunk` (0..v-1; always 0 unless the schedule interleaves). `input` is the received
+  /// activation, StageLinkShapes::input, a leaf with requires_grad (undefined on stage 0's chunk 0,
+  /// which reads its own micro-batch). Returns the output activation (StageLinkShapes::output),
+  /// or on the last stage's last chunk the scalar loss of that micro-batch ALREADY divided by
   /// the number of micro-batches, so that backward accumulates the mean. The result must carry an
   /// autograd graph (depend on a parameter or on `input`).
-  virtual torch::Tensor forward(int mb, const torch::Tensor& input) = 0;
+  virtual torch::Tensor forward(int mb, int chunk, const torch::Tensor& input) = 0;
 };
 
 struct PipelineStepResult {
@@ -52,6 +61,10 @@ struct PipelineStepResult {
                                           // already / m, so the mean loss); 0 on other stages
   std::vector<double> microbatch_losses;  // last stage: [m], as returned by forward; else empty
   double seconds = 0;                     // wall time of the whole step on this rank, s
+  // Split backwards (zb_h1): the weight-gradient GEMMs B deferred to W (one per linear layer and
+  // micro-batch), and the most bytes their held inputs and output gradients took at once. 0 otherwise.
+  int64_t deferred_weight_grads = 0;
+  int64_t deferred_peak_bytes = 0;
 };
 
 /// Runs `schedule` for `microbatches` micro-batches on this rank: stage = link.stage(),

@@ -5,6 +5,7 @@
 #include <fmt/ranges.h>
 
 #include <stdexcept>
+#include <utility>
 
 #include "harness/parallel/timeline.h"
 
@@ -27,10 +28,23 @@ int64_t numel_of(at::IntArrayRef shape) {
   return n;
 }
 
-// Every wire tensor's tag names its direction, micro-batch and payload part (BR-11).
+// Every wire tensor's tag names its direction, micro-batch, the sender's model chunk and payload
+// part (BR-11); both ends compute the same tag (the receiver names the sender's chunk peer_chunk).
+constexpr int kMaxChunkTags = 64;
 int tag_of(const P2PMessage& m, size_t part) {
-  return (m.microbatch * 2 + (is_forward(m.dir) ? 0 : 1)) * kMaxPayloadParts +
+  const int sender_chunk = is_send(m.dir) ? m.chunk : m.peer_chunk;
+  return ((m.microbatch * 2 + (is_forward(m.dir) ? 0 : 1)) * kMaxChunkTags + sender_chunk) * kMaxPayloadParts +
          static_cast<int>(part);
+}
+
+// The stage and chunk at the other end of a message from `stage`'s chunk `chunk` of `stages`: the
+// next virtual stage for kSendForward / kRecvBackward, the previous one otherwise (a ring between
+// chunks: stage p-1's chunk c is followed by stage 0's chunk c+1). {-1, -1} past either end.
+std::pair<int, int> expected_peer(const P2PMessage& m, int stage, int stages) {
+  const bool to_next = m.dir == P2PDir::kSendForward || m.dir == P2PDir::kRecvBackward;
+  if (to_next) return stage + 1 < stages ? std::pair{stage + 1, m.chunk} : std::pair{0, m.chunk + 1};
+  if (stage > 0) return {stage - 1, m.chunk};
+  return m.chunk > 0 ? std::pair{stages - 1, m.chunk - 1} : std::pair{-1, -1};
 }
 
 std::string shape_str(at::IntArrayRef shape) {
@@ -64,30 +78,48 @@ struct StageLink::Pending {
 };
 
 StageLink::StageLink(Communicator& pipeline, Communicator* tensor_parallel, StageLinkShapes shapes,
-                     torch::TensorOptions options, std::shared_ptr<MessageCodec> codec)
+                     torch::TensorOptions options, std::shared_ptr<MessageCodec> codec, int chunks)
     : pipeline_(pipeline),
       tp_(tensor_parallel),
       shapes_(std::move(shapes)),
       options_(options),
-      codec_(codec ? std::move(codec) : std::make_shared<IdentityCodec>()) {}
+      codec_(codec ? std::move(codec) : std::make_shared<IdentityCodec>()),
+      chunks_(chunks) {
+  if (chunks < 1 || chunks > kMaxChunkTags) {
+    throw std::invalid_argument(fmt::format("StageLink: {} model chunks per stage; need 1..{}", chunks, kMaxChunkTags));
+  }
+}
 
 bool StageLink::scatter_gather(at::IntArrayRef shape) const {
   return tp_ && tp_->size() > 1 && numel_of(shape) % tp_->size() == 0;
 }
 
 const std::vector<int64_t>& StageLink::shape_of(const P2PMessage& m) const {
-  return m.peer_stage < stage() ? shapes_.input : shapes_.output;
+  const bool at_input = m.dir == P2PDir::kRecvForward || m.dir == P2PDir::kSendBackward;
+  return at_input ? shapes_.input : shapes_.output;
 }
 
 std::string StageLink::where(const P2PCall& call, size_t index) const {
   const P2PMessage& m = call.messages[index];
-  return fmt::format("pipeline stage {} of {}, call {} ({}{}), {} mb {} {} stage {}", stage(),
+  const bool chunked = m.chunk != 0 || m.peer_chunk != 0;
+  return fmt::format("pipeline stage {} of {}, call {} ({}{}), {} mb {}{} {} stage {}{}", stage(),
                      stages(), to_string(call), to_string(call.phase), call.flush ? ", flush" : "",
-                     to_string(m.dir), m.microbatch, is_send(m.dir) ? "to" : "from", m.peer_stage);
+                     to_string(m.dir), m.microbatch, chunked ? fmt::format(" of chunk {}", m.chunk) : "",
+                     is_send(m.dir) ? "to" : "from", m.peer_stage,
+                     chunked ? fmt::format(" chunk {}", m.peer_chunk) : "");
 }
+
+struct StageLink::PostedState {
+  std::vector<Pending> pending;
+};
 
 std::vector<torch::Tensor> StageLink::execute(const P2PCall& call,
                                               const std::vector<torch::Tensor>& send_tensors) {
+  Posted posted = start(call, send_tensors);
+  return finish(posted);
+}
+
+StageLink::Posted StageLink::start(const P2PCall& call, const std::vector<torch::Tensor>& send_tensors) {
   const size_t n = call.messages.size();
   if (send_tensors.size() != n) {
     throw std::invalid_argument(
@@ -98,11 +130,14 @@ std::vector<torch::Tensor> StageLink::execute(const P2PCall& call,
   // Check everything before posting anything, so a bad call never leaves half-posted messages.
   for (size_t i = 0; i < n; ++i) {
     const P2PMessage& m = call.messages[i];
-    const bool to_next = m.dir == P2PDir::kSendForward || m.dir == P2PDir::kRecvBackward;
-    const int expected = to_next ? stage() + 1 : stage() - 1;
-    if (m.peer_stage != expected || expected < 0 || expected >= stages()) {
-      throw std::invalid_argument(fmt::format("{}: the peer must be stage {} of 0..{}",
-                                              where(call, i), expected, stages() - 1));
+    const auto [peer, peer_chunk] = expected_peer(m, stage(), stages());
+    if (peer < 0 || m.chunk < 0 || m.chunk >= chunks_ || peer_chunk >= chunks_) {
+      throw std::invalid_argument(fmt::format("{}: there is no virtual stage at that end of stage {}'s chunk {}",
+                                              where(call, i), stage(), m.chunk));
+    }
+    if (m.peer_stage != peer || m.peer_chunk != peer_chunk) {
+      throw std::invalid_argument(fmt::format("{}: the peer must be stage {} (chunk {}) of 0..{}", where(call, i),
+                                              peer, peer_chunk, stages() - 1));
     }
     if (!is_send(m.dir)) continue;
     const torch::Tensor& t = send_tensors[i];
@@ -111,13 +146,25 @@ std::vector<torch::Tensor> StageLink::execute(const P2PCall& call,
       throw std::invalid_argument(fmt::format(
           "{}: expected a {} tensor of shape {} (the link's {} shape), got {}", where(call, i),
           c10::toString(c10::typeMetaToScalarType(options_.dtype())), shape_str(shape_of(m)),
-          m.peer_stage < stage() ? "input" : "output",
+          &shape_of(m) == &shapes_.input ? "input" : "output",
           t.defined() ? fmt::format("{} {}", c10::toString(t.scalar_type()), shape_str(t.sizes()))
                       : std::string("an undefined tensor")));
     }
   }
-  std::vector<Pending> pending(n);
+  Posted posted{call, std::make_shared<PostedState>()};
+  std::vector<Pending>& pending = posted.state->pending;
+  pending.resize(n);
   for (size_t i = 0; i < n; ++i) post(call, i, send_tensors[i], pending[i]);
+  return posted;
+}
+
+std::vector<torch::Tensor> StageLink::finish(Posted& posted) {
+  if (!posted.state) {
+    throw std::logic_error(fmt::format("pipeline stage {}: call {} finished twice", stage(), to_string(posted.call)));
+  }
+  const P2PCall& call = posted.call;
+  const size_t n = call.messages.size();
+  std::vector<Pending>& pending = posted.state->pending;
   for (size_t i = 0; i < n; ++i) {  // BR-13: every handle, not just one per call
     for (CommHandle& h : pending[i].handles) {
       try {
@@ -131,6 +178,7 @@ std::vector<torch::Tensor> StageLink::execute(const P2PCall& call,
   for (size_t i = 0; i < n; ++i) {
     if (!is_send(call.messages[i].dir)) received[i] = finish_recv(call, i, pending[i]);
   }
+  posted.state.reset();
   return received;
 }
 
@@ -208,14 +256,16 @@ torch::Tensor StageLink::finish_recv(const P2PCall& call, size_t index, Pending&
 
 // ---- Megatron's vocabulary ----
 
-void StageLink::send_forward(const torch::Tensor& output, int mb) {
-  if (is_last_stage()) return;
-  execute({{{P2PDir::kSendForward, mb, stage() + 1}}, PipePhase::kWarmup, false}, {output});
+void StageLink::send_forward(const torch::Tensor& output, int mb, int chunk) {
+  if (is_last_stage() && chunk == chunks_ - 1) return;
+  const int peer = is_last_stage() ? 0 : stage() + 1, peer_chunk = is_last_stage() ? chunk + 1 : chunk;
+  execute({{{P2PDir::kSendForward, mb, peer, chunk, peer_chunk}}, PipePhase::kWarmup, false}, {output});
 }
 
-torch::Tensor StageLink::recv_forward(int mb) {
-  if (is_first_stage()) return {};
-  return execute({{{P2PDir::kRecvForward, mb, stage() - 1}}, PipePhase::kWarmup, false}, {{}})[0];
+torch::Tensor StageLink::recv_forward(int mb, int chunk) {
+  if (is_first_stage() && chunk == 0) return {};
+  const int peer = is_first_stage() ? stages() - 1 : stage() - 1, peer_chunk = is_first_stage() ? chunk - 1 : chunk;
+  return execute({{{P2PDir::kRecvForward, mb, peer, chunk, peer_chunk}}, PipePhase::kWarmup, false}, {{}})[0];
 }
 
 void StageLink::send_backward(const torch::Tensor& input_grad, int mb, bool flush) {

@@ -12,8 +12,13 @@
 // waited on (BR-13); (3) each receive is decoded, all-gathered over TP and shaped. Messages of one
 // direction between two stages are thus posted in plan order on both sides (schedule.h's
 // simulate() checks that those orders agree); in addition every wire tensor is tagged with
-// (direction, micro-batch, payload part), so a plan mismatch ends in a named timeout on Gloo
-// instead of silently crossed tensors (BR-11). NCCL ignores tags: order alone matches there.
+// (direction, micro-batch, the sender's model chunk, payload part), so a plan mismatch ends in a
+// named timeout on Gloo instead of silently crossed tensors (BR-11). NCCL ignores tags: order alone
+// matches there.
+//
+// Interleaved 1F1B (schedule.h): each message names its chunk and the peer's. The stages form a
+// ring: stage p-1's chunk c sends its activations to stage 0's chunk c+1, which sends the gradients
+// back. Every chunk has the same input and output shapes (StageLinkShapes).
 //
 // Scatter-gather (Megatron's default, docs/design.md §1.4): with a TP group of t > 1 ranks and t | N, where N
 // is the message's element count (s*b*h), TP rank i sends only the flat elements [i*N/t, (i+1)*N/t)
@@ -32,7 +37,11 @@
 //   pp_fwd = [k < p-1] m*N*4/t (pipeline link) + [k > 0]     m*(t-1)*N*4/t (TP link)
 //   pp_bwd = [k > 0]   m*N*4/t (pipeline link) + [k < p-1]   m*(t-1)*N*4/t (TP link)
 //
-// Errors: std::invalid_argument for a message to a non-neighbour, a send tensor of the wrong shape
+// With v chunks per stage (interleaved) every stage sends m*v messages each way per step, stage 0's
+// and p-1's included (over the ring), except that stage 0's chunk 0 sends no gradient and stage p-1's
+// chunk v-1 no activation.
+//
+// Errors: std::invalid_argument for a message to a stage other than the previous or next virtual stage, a send tensor of the wrong shape
 // or dtype, or a codec answer of the wrong size (all before anything is posted where possible);
 // CommError (from Communicator) when a peer fails or does not answer within the communicator's
 // timeout, re-thrown with the stage, the call and the message prepended.
@@ -99,13 +108,15 @@ class StageLink {
   /// `pipeline`: this rank's pipeline group, group rank == stage. `tensor_parallel`: this rank's TP
   /// group, or null (no scatter-gather). Both must outlive the link. `options`: dtype and device of
   /// messages (fp32 CPU by default). `codec`: null = IdentityCodec; used for every message (a codec
-  /// that compresses only gradients passes forward messages through).
+  /// that compresses only gradients passes forward messages through). `chunks`: model chunks per
+  /// stage (the schedule's; >= 1, else std::invalid_argument).
   StageLink(Communicator& pipeline, Communicator* tensor_parallel, StageLinkShapes shapes,
             torch::TensorOptions options = torch::kFloat,
-            std::shared_ptr<MessageCodec> codec = nullptr);
+            std::shared_ptr<MessageCodec> codec = nullptr, int chunks = 1);
 
   int stage() const { return pipeline_.rank(); }
   int stages() const { return pipeline_.size(); }
+  int chunks() const { return chunks_; }
   bool is_first_stage() const { return stage() == 0; }
   bool is_last_stage() const { return stage() == stages() - 1; }
   const StageLinkShapes& shapes() const { return shapes_; }
@@ -121,12 +132,26 @@ class StageLink {
   std::vector<torch::Tensor> execute(const P2PCall& call,
                                      const std::vector<torch::Tensor>& send_tensors);
 
+  /// execute() in two halves, for calls the schedule does not wait on (P2PCall::wait false):
+  /// start() checks and posts the call's messages and returns at once; finish() waits on every
+  /// one of them and returns what execute() would. Every started call must be finished, before
+  /// the step ends (its buffers live in the Posted until then).
+  struct PostedState;
+  struct Posted {
+    P2PCall call;
+    std::shared_ptr<PostedState> state;
+  };
+  Posted start(const P2PCall& call, const std::vector<torch::Tensor>& send_tensors);
+  std::vector<torch::Tensor> finish(Posted& posted);
+
   // Megatron's vocabulary, each one call. As in Megatron, directions without a neighbour are
-  // no-ops (recv_forward on stage 0 and recv_backward on the last stage return undefined).
+  // no-ops (recv_forward on stage 0's chunk 0 and recv_backward on the last stage return
+  // undefined; send_forward on the last stage's last chunk does nothing). `chunk`: this stage's
+  // model chunk (interleaved; its peer is the next or previous virtual stage, around the ring).
   // Gradient-only calls are flush calls, their gradient in the epilogue, unless told otherwise
   // (schedule.h's P2PCall::flush and P2PMessage::epilogue).
-  void send_forward(const torch::Tensor& output, int mb);
-  torch::Tensor recv_forward(int mb);
+  void send_forward(const torch::Tensor& output, int mb, int chunk = 0);
+  torch::Tensor recv_forward(int mb, int chunk = 0);
   void send_backward(const torch::Tensor& input_grad, int mb, bool flush = true);
   torch::Tensor recv_backward(int mb, bool flush = true);
   torch::Tensor send_forward_recv_backward(const torch::Tensor& output, int send_mb, int recv_mb);
@@ -145,6 +170,7 @@ class StageLink {
   StageLinkShapes shapes_;
   torch::TensorOptions options_;
   std::shared_ptr<MessageCodec> codec_;
+  int chunks_;
 };
 
 }  // namespace optcc

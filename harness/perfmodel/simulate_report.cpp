@@ -22,7 +22,8 @@ std::string layout_line(const Config& cfg, const HardwareProfile& hw, const SimO
       "recompute {}, {} bytes per element",
       cfg.model.preset.empty() ? "custom" : cfg.model.preset, cfg.model.num_layers, cfg.model.hidden_size,
       cfg.model.seq_len, cfg.train.micro_batch_size, p.tp, p.pp, p.dp, p.tp * p.pp * p.dp, hw.devices_per_node,
-      p.schedule, m, o.recompute ? "on" : "off", o.element_bytes);
+      p.virtual_stages > 1 ? fmt::format("{} (v={})", p.schedule, p.virtual_stages) : p.schedule, m,
+      o.recompute ? "on" : "off", o.element_bytes);
 }
 
 std::string profile_line(const HardwareProfile& hw) {
@@ -143,7 +144,8 @@ std::string simulate_report_json(const Config& cfg, const HardwareProfile& hw,
                   {"inter_latency_s", hw.links.inter_latency_s}, {"scale", hw.links.scale},
                   {"emulator_profile", hw.emulator_profile}};
   j["layout"] = {{"tp", cfg.parallel.tp}, {"pp", cfg.parallel.pp}, {"dp", cfg.parallel.dp},
-                 {"micro_batches", runs.at(0).traffic.micro_batches}, {"schedule", cfg.parallel.schedule}};
+                 {"micro_batches", runs.at(0).traffic.micro_batches}, {"schedule", cfg.parallel.schedule},
+                 {"virtual_stages", cfg.parallel.virtual_stages}};
   j["schemes"] = nlohmann::json::array();
   for (size_t i = 0; i < runs.size(); ++i) {
     const auto& r = runs[i].result;

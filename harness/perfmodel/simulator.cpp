@@ -41,6 +41,8 @@ struct Op {
   int group = -1;                 // collective: index into Plans::groups
   CollectiveKind collective = CollectiveKind::kAllReduce;
   int64_t bytes = 0;              // collective: tensor bytes
+  bool detached = false;          // p2p sends the plan does not wait on (P2PCall::wait false):
+                                  // posted, and the rank goes on at once
 };
 
 struct Plans {
@@ -109,63 +111,86 @@ struct PlanBuilder {
     }
   }
 
-  void forward(std::vector<Op>& ops, int r, int mb) {
-    const int k = layout.coord(r).pp;
+  // One action of model chunk `chunk` (of v = schedule->chunks()) runs 1/v of the stage's layers;
+  // the embedding belongs to chunk 0, the head and loss to the last chunk.
+  void forward(std::vector<Op>& ops, int r, int mb, int chunk) {
+    const int k = layout.coord(r).pp, v = schedule->chunks();
     const auto& c = in.stages[k];
     const auto& g = in.traffic.stages[k];
     const auto tp = layout.tp_group(r);
-    const std::string label = fmt::format("F{}", mb);
+    const std::string label = v > 1 ? fmt::format("F{}@{}", mb, chunk) : fmt::format("F{}", mb);
     // tp_forward_extra: [embedding (first stage)] [cross-entropy x3 (last stage)]
     const auto& extra = g.tp_forward_extra;
     const auto split = extra.begin() + (k == 0 && !extra.empty() ? 1 : 0);
-    steps(ops, std::vector<CommStep>(extra.begin(), split), tp, Category::kTensorParallel, label + " ");
+    if (chunk == 0) steps(ops, std::vector<CommStep>(extra.begin(), split), tp, Category::kTensorParallel, label + " ");
+    const int64_t layers = c.layers / v;
     if (tp.size() < 2) {
-      compute(ops, double(c.layers) * c.layer_forward_s, Category::kCompute, label);
+      compute(ops, double(layers) * c.layer_forward_s, Category::kCompute, label);
     } else {
-      for (int64_t l = 0; l < c.layers; ++l) compute_with_tp(ops, r, c.layer_forward_s, g.tp_per_layer_forward, label);
+      for (int64_t l = 0; l < layers; ++l) compute_with_tp(ops, r, c.layer_forward_s, g.tp_per_layer_forward, label);
     }
+    if (chunk != v - 1) return;
     compute(ops, c.head_forward_s, Category::kCompute, label + " head");
     steps(ops, std::vector<CommStep>(split, extra.end()), tp, Category::kTensorParallel, label + " ");
   }
 
-  void backward(std::vector<Op>& ops, int r, int mb) {
-    const int k = layout.coord(r).pp;
+  // The whole backward, or B alone when the schedule splits it (its weight gradients are W's).
+  void backward(std::vector<Op>& ops, int r, int mb, int chunk) {
+    const int k = layout.coord(r).pp, v = schedule->chunks();
     const auto& c = in.stages[k];
     const auto& g = in.traffic.stages[k];
     const auto tp = layout.tp_group(r);
-    const std::string label = fmt::format("B{}", mb);
-    compute(ops, c.head_backward_s, Category::kCompute, label + " head");
-    steps(ops, g.tp_backward_extra, tp, Category::kTensorParallel, label + " ");
-    if (tp.size() < 2) {
-      compute(ops, double(c.layers) * c.layer_backward_s, Category::kCompute, label);
-    } else {
-      for (int64_t l = 0; l < c.layers; ++l) compute_with_tp(ops, r, c.layer_backward_s, g.tp_per_layer_backward, label);
+    const bool split = schedule->splits_backward();
+    const std::string label = v > 1 ? fmt::format("B{}@{}", mb, chunk) : fmt::format("B{}", mb);
+    if (chunk == v - 1) {
+      compute(ops, c.head_backward_s, Category::kCompute, label + " head");
+      steps(ops, g.tp_backward_extra, tp, Category::kTensorParallel, label + " ");
     }
+    const int64_t layers = c.layers / v;
+    const double layer_s = c.layer_backward_s - (split ? c.layer_weight_s : 0.0);
+    if (tp.size() < 2) {
+      compute(ops, double(layers) * layer_s, Category::kCompute, label);
+    } else {
+      for (int64_t l = 0; l < layers; ++l) compute_with_tp(ops, r, layer_s, g.tp_per_layer_backward, label);
+    }
+  }
+
+  // W: the weight-gradient GEMMs of the layers B left (no communication).
+  void weight(std::vector<Op>& ops, int r, int mb, int chunk) {
+    const int k = layout.coord(r).pp, v = schedule->chunks();
+    const auto& c = in.stages[k];
+    compute(ops, double(c.layers / v) * c.layer_weight_s, Category::kCompute, fmt::format("W{}", mb));
   }
 
   // One P2P call with the codec work around it and the receiver's all-gathers.
   void call(std::vector<Op>& ops, int r, const P2PCall& c) {
     const int k = layout.coord(r).pp;
+    const int mbs = static_cast<int>(in.traffic.micro_batches);
     const auto& mine = in.traffic.stages[k];
     Op op;
     op.kind = OpKind::kP2P;
     op.category = Category::kPipelineForward;
+    op.detached = !c.wait;
     std::vector<Op> after;
     std::string label;
     for (const auto& m : c.messages) {
       const bool fwd = m.dir == P2PDir::kSendForward || m.dir == P2PDir::kRecvForward;
       const bool send = m.dir == P2PDir::kSendForward || m.dir == P2PDir::kSendBackward;
       if (!fwd) op.category = Category::kPipelineBackward;
-      const int peer = m.peer_stage > k ? layout.next_stage_rank(r) : layout.prev_stage_rank(r);
+      RankCoord peer_coord = layout.coord(r);  // the peer's stage: k +- 1, around the ring when interleaved
+      peer_coord.pp = m.peer_stage;
+      const int peer = layout.rank(peer_coord);
       Message msg{peer, send, fwd ? 0 : 1, 0};
       label += fmt::format("{}{}{} ", send ? "s" : "r", fwd ? "f" : "b", m.microbatch);
       if (m.dir == P2PDir::kSendForward) msg.bytes = mine.pp_fwd_message;
       if (m.dir == P2PDir::kSendBackward) {
-        msg.bytes = mine.pp_bwd_messages.at(m.microbatch);
-        if (mine.pp_bwd_compressed.at(m.microbatch)) steps(ops, mine.cb_encode, {}, Category::kCompression, "CB ");
+        const size_t at = static_cast<size_t>(m.chunk * mbs + m.microbatch);
+        msg.bytes = mine.pp_bwd_messages.at(at);
+        if (mine.pp_bwd_compressed.at(at)) steps(ops, mine.cb_encode, {}, Category::kCompression, "CB ");
       }
-      if (m.dir == P2PDir::kRecvBackward && in.traffic.stages[k + 1].pp_bwd_compressed.at(m.microbatch)) {
-        steps(after, in.traffic.stages[k + 1].cb_decode, {}, Category::kCompression, "CB ");
+      const auto& sender = in.traffic.stages[m.peer_stage];
+      if (m.dir == P2PDir::kRecvBackward && sender.pp_bwd_compressed.at(static_cast<size_t>(m.peer_chunk * mbs + m.microbatch))) {
+        steps(after, sender.cb_decode, {}, Category::kCompression, "CB ");
       }
       if (!send && mine.pp_gather_bytes > 0) {
         coll(after, layout.tp_group(r), CollectiveKind::kAllGather, mine.pp_gather_bytes,
@@ -184,8 +209,9 @@ struct PlanBuilder {
     std::vector<Op> ops;
     for (const auto& step : communication_plan(*schedule, co.pp, p, m)) {
       for (const auto& c : step.before) call(ops, r, c);
-      if (step.action.op == PipeOp::kForward) forward(ops, r, step.action.microbatch);
-      if (step.action.op == PipeOp::kBackward) backward(ops, r, step.action.microbatch);
+      if (step.action.op == PipeOp::kForward) forward(ops, r, step.action.microbatch, step.action.chunk);
+      if (step.action.op == PipeOp::kBackward) backward(ops, r, step.action.microbatch, step.action.chunk);
+      if (step.action.op == PipeOp::kWeight) weight(ops, r, step.action.microbatch, step.action.chunk);
       for (const auto& c : step.after) call(ops, r, c);
     }
     Op mark;  // a zero-length marker: the end of the schedule
@@ -220,6 +246,7 @@ struct PendingSend {
   int rank, op;
   int64_t post, data_end;
   int64_t bytes;
+  bool detached;  // its op finished when posted
 };
 struct PendingRecv {
   int rank, op;
@@ -297,7 +324,7 @@ class Engine {
       Channel& ch = channels_[{from, to, m.channel}];
       if (m.send) {
         const int64_t start = emu_.p2p_send_start(r, m.peer, m.bytes, t);
-        ch.sends.push_back({r, i, t, emu_.p2p_end(r, m.peer, m.bytes, start), m.bytes});
+        ch.sends.push_back({r, i, t, emu_.p2p_end(r, m.peer, m.bytes, start), m.bytes, op.detached});
       } else {
         ch.recvs.push_back({r, i, t});
       }
@@ -307,6 +334,7 @@ class Engine {
         ch.recvs.pop_front();
       }
     }
+    if (op.detached) finish(r, i, t);  // the sends complete when matched; the rank goes on now
   }
 
   // Both ends complete at max(data end, both posts, the real transport's time after the later
@@ -315,7 +343,7 @@ class Engine {
   void match(const PendingSend& s, const PendingRecv& v) {
     const int64_t real_end = std::max(s.post, v.post) + to_ns(hw_.transport_p2p_seconds(s.bytes));
     const int64_t done = std::max({s.data_end, s.post, v.post, real_end});
-    settle(s.rank, s.op, done, v.post > s.post ? v.rank : -1, v.op);
+    if (!s.detached) settle(s.rank, s.op, done, v.post > s.post ? v.rank : -1, v.op);
     settle(v.rank, v.op, done, s.post > v.post ? s.rank : -1, s.op);
   }
 
@@ -425,6 +453,7 @@ std::vector<StageCompute> stage_compute(const Config& cfg, const TrafficEstimate
     c.layers = e.stages[k].layers;
     c.layer_forward_s = layer_f / hw.forward_flops_per_s;
     c.layer_backward_s = backward_flops(layer_f, o.recompute) / hw.backward_flops_per_s;
+    c.layer_weight_s = layer_weight_grad_flops(h, s, b) / double(t) / hw.backward_flops_per_s;
     if (k == e.dims.pp - 1) {
       c.head_forward_s = head_f / hw.forward_flops_per_s;
       c.head_backward_s = backward_flops(head_f, o.recompute) / hw.backward_flops_per_s;
@@ -449,6 +478,7 @@ SimInputs make_sim_inputs(const Config& cfg, const HardwareProfile& hw, const Si
   in.stages = stage_compute(cfg, in.traffic, hw, o);
   in.links = hw.links;
   in.schedule = cfg.parallel.schedule;
+  in.virtual_stages = static_cast<int>(cfg.parallel.virtual_stages);
   in.fused_embedding = cfg.compression.fused_embedding;
   in.outer_inner_steps = cfg.compression.diloco_on() ? cfg.compression.diloco.inner_steps : 0;
   in.hw = hw;
@@ -458,7 +488,7 @@ SimInputs make_sim_inputs(const Config& cfg, const HardwareProfile& hw, const Si
 SimResult replay(const SimInputs& in) {
   const RankLayout layout(in.traffic.dims, in.traffic.ranks_per_node);
   Plans plans;
-  PlanBuilder builder{in, layout, plans, make_schedule(in.schedule)};
+  PlanBuilder builder{in, layout, plans, make_schedule(in.schedule, in.virtual_stages)};
   for (int r = 0; r < layout.world(); ++r) plans.ranks.push_back(builder.rank_plan(r));
   Engine engine(plans, layout, in.links, in.hw);
   engine.run();

@@ -53,6 +53,9 @@ struct StageCompute {
   double layer_forward_s = 0, layer_backward_s = 0;  // one transformer layer
   double head_forward_s = 0, head_backward_s = 0;    // the output layer (last stage; 0 elsewhere)
   double optimizer_s = 0;                            // the optimizer step, once per iteration
+  // Of layer_backward_s, the weight gradients (W when the schedule splits the backward,
+  // models/flops.h layer_weight_grad_flops). The output layer's stay in B (models/gpt.h head_loss).
+  double layer_weight_s = 0;
 };
 
 /// Everything a replay needs. make_sim_inputs() derives it from a config and a profile; tests
@@ -62,6 +65,7 @@ struct SimInputs {
   std::vector<StageCompute> stages;  // [pp]
   LinkParams links;                  // the profile's links (emulate = false: only the cost model)
   std::string schedule = "1f1b";     // parallel.schedule
+  int virtual_stages = 1;            // parallel.virtual_stages (model chunks per stage)
   bool fused_embedding = false;      // FE: the embedding group is fused_embedding_group()
   HardwareProfile hw;                // compressor and memory rates
   /// dp_strategy: diloco: H (diloco.inner_steps; 0 under allreduce), and the fragment whose outer

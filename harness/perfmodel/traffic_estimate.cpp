@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <map>
 #include <stdexcept>
 
 #include "compression/act_codec.h"
@@ -19,6 +20,7 @@
 #include "harness/parallel/schedule.h"
 #include "harness/train/grad_sync.h"
 #include "harness/train/outer_sync.h"
+#include "harness/train/trainer.h"
 
 namespace optcc {
 namespace {
@@ -260,7 +262,7 @@ StageInputs stage_inputs(const Config& cfg, TrafficEstimate& e, const TrafficMod
     in.cb_decode = {bwd->decode_arithmetic(slice)};
   }
   try {
-    in.schedule = make_schedule(cfg.parallel.schedule);
+    in.schedule = make_schedule(cfg.parallel.schedule, static_cast<int>(cfg.parallel.virtual_stages));
   } catch (const std::exception& ex) {
     throw ConfigError(fmt::format("config error: parallel.schedule = '{}': {}", cfg.parallel.schedule, ex.what()));
   }
@@ -277,32 +279,57 @@ StageInputs stage_inputs(const Config& cfg, TrafficEstimate& e, const TrafficMod
   return in;
 }
 
-// PP: sends on the pipeline link, the receiver's all-gather on the TP link (stage_link.h), LEP.
+// PP: sends on the pipeline link, the receiver's all-gather on the TP link (stage_link.h), LEP. The
+// messages are those of the stage's communication plan (schedule.h), the one the runtime runs: with
+// interleaving every stage sends m*v each way around the ring; each backward send is compressed as
+// its epilogue flag and the policy say.
 void stage_pp_bytes(StageTrafficEstimate& g, const Config& cfg, const TrafficEstimate& e, const StageInputs& in,
                     int64_t st) {
   const auto& k = cfg.compression;
   const int64_t t = e.dims.tp, p = e.dims.pp, m = e.micro_batches, slice = e.slice_elements, beta = in.beta;
-  const bool first = st == 0, last = st == p - 1;
-  g.pp_fwd_message = last ? 0 : in.fwd_bytes;
   g.pp_gather_bytes = e.scatter_gather ? slice * beta : 0;
   g.cb_encode = in.cb_encode;
   g.cb_decode = in.cb_decode;
-  if (!last) g.pp_fwd_send = m * in.fwd_bytes;
-  if (!first && e.scatter_gather) g.pp_fwd_gather = m * all_gather_bytes(t, slice * beta);
-  if (!first) {
-    for (int mb = 0; mb < m; ++mb) {
-      const bool compressed =
-          in.bwd_codec && k.pipeline_policy().compresses_backward_send(backward_send_is_epilogue(
-                              *in.schedule, static_cast<int>(st), static_cast<int>(p), static_cast<int>(m), mb));
-      g.backward_sends += 1;
-      g.backward_compressed += compressed;
-      g.pp_bwd_send += compressed ? in.bwd_bytes_compressed : slice * beta;
-      g.pp_bwd_messages.push_back(compressed ? in.bwd_bytes_compressed : slice * beta);
-      g.pp_bwd_compressed.push_back(compressed);
+  if (p == 1) return;
+  const int64_t gather = e.scatter_gather ? all_gather_bytes(t, slice * beta) : 0;
+  g.pp_bwd_messages.assign(static_cast<size_t>(in.schedule->chunks() * m), 0);
+  g.pp_bwd_compressed.assign(g.pp_bwd_messages.size(), false);
+  std::map<int, int64_t> compressed_by_chunk;  // compressed backward sends per sending chunk (LEP boundary)
+  for (const StageStep& step : communication_plan(*in.schedule, static_cast<int>(st), static_cast<int>(p), static_cast<int>(m))) {
+    for (const auto* calls : {&step.before, &step.after}) {
+      for (const P2PCall& call : *calls) {
+        for (const P2PMessage& msg : call.messages) {
+          switch (msg.dir) {
+            case P2PDir::kSendForward:
+              g.pp_fwd_message = in.fwd_bytes;
+              g.pp_fwd_send += in.fwd_bytes;
+              break;
+            case P2PDir::kRecvForward:
+              g.pp_fwd_gather += gather;
+              break;
+            case P2PDir::kRecvBackward:
+              g.pp_bwd_gather += gather;
+              break;
+            case P2PDir::kSendBackward: {
+              const bool compressed = in.bwd_codec && k.pipeline_policy().compresses_backward_send(msg.epilogue);
+              g.backward_sends += 1;
+              g.backward_compressed += compressed;
+              g.pp_bwd_send += compressed ? in.bwd_bytes_compressed : slice * beta;
+              const size_t at = static_cast<size_t>(msg.chunk * m + msg.microbatch);
+              g.pp_bwd_messages.at(at) = compressed ? in.bwd_bytes_compressed : slice * beta;
+              g.pp_bwd_compressed.at(at) = compressed;
+              if (compressed) compressed_by_chunk[msg.chunk] += 1;
+              break;
+            }
+          }
+        }
+      }
     }
   }
-  if (!last && e.scatter_gather) g.pp_bwd_gather = m * all_gather_bytes(t, slice * beta);
-  g.lep_bytes = k.pipeline_policy().lep_buffers(g.backward_compressed) * slice * 4;  // fp32 slices
+  // One boundary's buffers per sending chunk (pipeline_codec.h), each of the policy's count.
+  int64_t lep = 0;
+  for (const auto& [chunk, sends] : compressed_by_chunk) lep += k.pipeline_policy().lep_buffers(sends);
+  g.lep_bytes = lep * slice * 4;  // fp32 slices
 }
 
 // DP: SC picks the reducer per stage (grad_sync.h make_dp_reducer, as GradientSync builds it).
@@ -364,13 +391,11 @@ void stage_outer_bytes(StageTrafficEstimate& g, const Config& cfg, TrafficEstima
   if (!k.diloco_on()) return;
   const int64_t d = e.dims.dp, F = k.diloco.fragments, H = k.diloco.inner_steps;
   const bool tied_copy = st == e.dims.pp - 1 && st > 0;
-  const auto counts = cfg.stage_layer_counts();
-  int64_t first_layer = 0;
-  for (int64_t i = 0; i < st; ++i) first_layer += counts[i];
+  const StageRange range = stage_range(cfg, static_cast<int>(st));
   std::vector<std::vector<std::vector<int64_t>>> shapes(F);
   for (const auto& prm : stage_parameter_shapes(cfg, static_cast<int>(st))) {
     if (prm.word_embedding && tied_copy) continue;
-    shapes[outer_fragment_of(prm.name, first_layer, cfg.model.num_layers, F)].push_back(prm.shape);
+    shapes[outer_fragment_of(prm.name, range, cfg.model.num_layers, F)].push_back(prm.shape);
   }
   int64_t period = 0;
   g.outer_steps.assign(F, {});

@@ -136,8 +136,9 @@ struct StageTrafficEstimate {
   std::vector<CommStep> tp_forward_extra;    // per micro-batch: embedding (first), cross-entropy (last)
   std::vector<CommStep> tp_backward_extra;   // per micro-batch: the tied output layer (last)
   int64_t pp_fwd_message = 0;                // one forward send (codec payload or slice·β)
-  std::vector<int64_t> pp_bwd_messages;      // [m] bytes of the gradient of micro-batch i to stage k-1
-  std::vector<bool> pp_bwd_compressed;       // [m] whether that gradient is compressed (CB)
+  std::vector<int64_t> pp_bwd_messages;      // [v*m] bytes of the gradient of (chunk c, micro-batch i), at
+                                             // c*m + i, to the previous virtual stage (0 where none is sent)
+  std::vector<bool> pp_bwd_compressed;       // [v*m] whether that gradient is compressed (CB)
   int64_t pp_gather_bytes = 0;               // the receiver's TP all-gather input (slice·β; 0 without
                                              // scatter-gather)
   std::vector<CommStep> cb_encode, cb_decode;  // compute of one compressed gradient, sender / receiver

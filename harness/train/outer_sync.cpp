@@ -32,7 +32,7 @@ OuterSync::OuterSync(const Config& cfg, GptModel& model, Communicator* dp, Commu
   first_stage_ = stage.is_first;
   tied_copy_ = stage.is_last && !stage.is_first && embedding_ && embedding_->size() > 1;
   num_layers_ = cfg.model.num_layers;
-  first_layer_ = stage.first_layer;
+  stage_ = stage;
   Registry<GradReducer> registry;
   register_builtin_grad_reducers(registry);
   fragments_.resize(static_cast<size_t>(opt_.fragments));
@@ -65,8 +65,8 @@ OuterSync::OuterSync(const Config& cfg, GptModel& model, Communicator* dp, Commu
   }
 }
 
-int64_t outer_fragment_of(const std::string& name, int64_t first_layer, int64_t num_layers, int64_t fragments) {
-  if (const auto layer = whole_model_layer(name, first_layer)) {
+int64_t outer_fragment_of(const std::string& name, const StageRange& stage, int64_t num_layers, int64_t fragments) {
+  if (const auto layer = whole_model_layer(name, stage)) {
     return outer_fragment_of_layer(*layer, num_layers, fragments);
   }
   if (name.rfind("final_ln", 0) == 0) return fragments - 1;
@@ -74,7 +74,7 @@ int64_t outer_fragment_of(const std::string& name, int64_t first_layer, int64_t 
 }
 
 int64_t OuterSync::fragment_of(const std::string& name) const {
-  return outer_fragment_of(name, first_layer_, num_layers_, opt_.fragments);
+  return outer_fragment_of(name, stage_, num_layers_, opt_.fragments);
 }
 
 std::vector<std::string> OuterSync::fragment_names(int64_t f) const {

@@ -70,9 +70,9 @@ int64_t outer_last_landed_sync(int64_t fragment, int64_t step, int64_t inner_ste
 int64_t outer_fragment_of_layer(int64_t layer, int64_t num_layers, int64_t fragments);
 
 /// The fragment of a stage's parameter `name` (a named_parameters() key; blocks.<i> is the stage's
-/// i-th layer, global layer first_layer + i): its layer's fragment; the embeddings 0; final_ln F - 1.
+/// i-th layer, global layer stage.layer_of(i)): its layer's fragment; the embeddings 0; final_ln F - 1.
 /// OuterSync and the traffic model (harness/perfmodel/traffic_estimate.h) both assign by it.
-int64_t outer_fragment_of(const std::string& name, int64_t first_layer, int64_t num_layers, int64_t fragments);
+int64_t outer_fragment_of(const std::string& name, const StageRange& stage, int64_t num_layers, int64_t fragments);
 
 class OuterSync {
  public:
@@ -139,7 +139,8 @@ class OuterSync {
   Communicator* dp_;
   Communicator* embedding_;
   bool first_stage_ = true, tied_copy_ = false;  // tied_copy_: last stage (pp > 1) holding the word embedding's copy
-  int64_t num_layers_ = 1, first_layer_ = 0;
+  int64_t num_layers_ = 1;
+  StageRange stage_;
   std::vector<std::string> names_;
   std::vector<torch::Tensor> params_;
   std::vector<torch::Tensor> backup_, momentum_, pending_;  // per parameter; momentum/pending undefined until used

@@ -70,7 +70,8 @@ ScChoice calibrate_sc_auto(const Config& cfg, Distributed& d, GptModel& model, c
     for (int64_t i = 0; i < m; ++i) fn.batches.push_back(calib.next());
   }
   StageLink plain(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape},
-                  torch::TensorOptions().dtype(model->options().compute_dtype).device(d.placement.device));
+                  torch::TensorOptions().dtype(model->options().compute_dtype).device(d.placement.device), nullptr,
+                  pipeline.chunks());
   auto params = model->parameters();
   for (auto& p : params) p.mutable_grad() = torch::Tensor();
   const torch::Device device = d.placement.device;  // CUDA: times wait for the GPU (device.h synchronize)

@@ -13,23 +13,28 @@
 
 namespace optcc {
 
-/// This stage's part of one micro-batch's forward pass: the embedding of `tokens` [b, s] (int64) on
-/// the first stage, else `input` (the previous stage's hidden states [s, b, h]), through this stage's
-/// blocks; the hidden states [s, b, h] (the last stage's before its head).
-inline torch::Tensor stage_body(GptModelImpl& model, const torch::Tensor& input, const torch::Tensor& tokens) {
-  return model.run_layers(model.stage().is_first ? model.embed(tokens) : input);
+/// This stage's part of one micro-batch's forward pass through its model chunk `chunk`: the
+/// embedding of `tokens` [b, s] (int64) on the first stage's chunk 0, else `input` (the previous
+/// virtual stage's hidden states [s, b, h]), through the chunk's blocks; the hidden states [s, b, h]
+/// (the last chunk of the last stage's before its head).
+inline torch::Tensor stage_body(GptModelImpl& model, const torch::Tensor& input, const torch::Tensor& tokens,
+                                int chunk = 0) {
+  return model.run_layers(model.stage().is_first && chunk == 0 ? model.embed(tokens) : input, chunk);
 }
 
 /// Forward only, through `link` (evaluation; every rank of the pipeline calls it for micro-batch
-/// `mb`, in micro-batch order): receive from the previous stage (not the first), stage_body(), send
-/// to the next (not the last). Returns the last stage's hidden states [s, b, h]; undefined
-/// elsewhere. `tokens` [b, s] is read on the first stage only.
+/// `mb`, in micro-batch order): for each of the stage's model chunks in order, receive from the
+/// previous virtual stage (not on the first), stage_body(), send to the next (not from the last).
+/// Returns the last stage's hidden states [s, b, h]; undefined elsewhere. `tokens` [b, s] is read
+/// on the first stage only.
 inline torch::Tensor stage_forward(GptModelImpl& model, StageLink& link, int mb, const torch::Tensor& tokens) {
   const auto& st = model.stage();
-  auto x = stage_body(model, st.is_first ? torch::Tensor() : link.recv_forward(mb), tokens);
-  if (st.is_last) return x;
-  link.send_forward(x, mb);
-  return {};
+  torch::Tensor x;
+  for (int c = 0; c < static_cast<int>(st.chunks); ++c) {
+    x = stage_body(model, st.is_first && c == 0 ? torch::Tensor() : link.recv_forward(mb, c), tokens, c);
+    if (!(st.is_last && c == st.chunks - 1)) link.send_forward(x, mb, c);
+  }
+  return st.is_last ? x : torch::Tensor();
 }
 
 // What the pipeline runner calls on this rank: embed on the first stage, this stage's blocks, the
@@ -43,13 +48,14 @@ class GptStageFunctions final : public StageFunctions {
   /// the backward pass carries S-times larger gradients. 1 = no scaling (not even a multiply).
   double loss_scale = 1.0;
 
-  torch::Tensor forward(int mb, const torch::Tensor& input) override {
+  torch::Tensor forward(int mb, int chunk, const torch::Tensor& input) override {
     const auto& st = model_->stage();
+    const bool embeds = st.is_first && chunk == 0, heads = st.is_last && chunk == st.chunks - 1;
     torch::Tensor x;
-    if (st.is_first || st.is_last) TORCH_CHECK(mb < static_cast<int>(batches.size()), "no data for micro-batch ", mb);
-    const int64_t s = st.is_first || st.is_last ? batches[mb].size(1) - 1 : 0;
-    x = stage_body(*model_, input, st.is_first ? batches[mb].narrow(1, 0, s) : torch::Tensor());
-    if (!st.is_last) return x;
+    if (embeds || heads) TORCH_CHECK(mb < static_cast<int>(batches.size()), "no data for micro-batch ", mb);
+    const int64_t s = embeds || heads ? batches[mb].size(1) - 1 : 0;
+    x = stage_body(*model_, input, embeds ? batches[mb].narrow(1, 0, s) : torch::Tensor(), chunk);
+    if (!heads) return x;
     auto loss = model_->head_loss(x, batches[mb].narrow(1, 1, s)) / static_cast<double>(m_);
     return loss_scale == 1.0 ? loss : loss * loss_scale;
   }

@@ -76,7 +76,8 @@ double validation_loss(GptModel& model, const Config& c, Distributed& d, const P
                 const std::vector<int64_t>& act_shape, const data::GptDataset* valid) {
   torch::NoGradGuard no_grad;
   StageLink link(*d.pp, d.tp.get(), StageLinkShapes{act_shape, act_shape},
-                 torch::TensorOptions().dtype(model->options().compute_dtype).device(d.placement.device), codec.fork());
+                 torch::TensorOptions().dtype(model->options().compute_dtype).device(d.placement.device), codec.fork(),
+                 static_cast<int>(model->stage().chunks));
   auto cpu_gen = at::detail::getDefaultCPUGenerator();
   const torch::Tensor cpu_state = cpu_gen.get_state(), attention_state = model->attention_generator().get_state();
   model->eval();
@@ -126,10 +127,17 @@ GptOptions gpt_options(const Config& c) {
 StageRange stage_range(const Config& c, int stage) {
   const auto counts = c.stage_layer_counts();
   StageRange r;
-  for (int k = 0; k < stage; ++k) r.first_layer += counts[k];
-  r.num_layers = counts[stage];
   r.is_first = stage == 0;
   r.is_last = stage == c.parallel.pp - 1;
+  if (c.parallel.virtual_stages > 1) {  // interleaved: v chunks of L / (p v) layers, round-robin (gpt.h)
+    r.chunks = c.parallel.virtual_stages;
+    r.num_layers = c.model.num_layers / (c.parallel.pp * r.chunks);
+    r.first_layer = stage * r.num_layers;
+    r.chunk_stride = c.parallel.pp * r.num_layers;
+    return r;
+  }
+  for (int k = 0; k < stage; ++k) r.first_layer += counts[k];
+  r.num_layers = counts[stage];
   return r;
 }
 
@@ -380,11 +388,11 @@ void Trainer::build_pipeline() {
   codec_->enable_lep_diagnostics(cfg_.log.lep_diagnostics && !range_.is_first);  // the stages that send backward
   link_ = std::make_unique<StageLink>(*d_.pp, d_.tp.get(), StageLinkShapes{act_shape_, act_shape_},
                                       torch::TensorOptions().dtype(model_->options().compute_dtype).device(d_.placement.device),
-                                      codec_);  // activations cross stages in the compute dtype
+                                      codec_, static_cast<int>(range_.chunks));  // activations cross stages in the compute dtype
   if (comp.tp.name != "none" && d_.tp) {  // before SC's calibration step and evaluation (TP all-reduces)
     d_.tp->set_all_reduce_wire_dtype(Traffic::kTensorParallel, comp.tp.name == "fp16" ? torch::kHalf : torch::kBFloat16);
   }
-  pipeline_ = make_schedule(cfg_.parallel.schedule);
+  pipeline_ = make_schedule(cfg_.parallel.schedule, static_cast<int>(cfg_.parallel.virtual_stages));
   stage_fn_ = std::make_unique<GptStageFunctions>(model_, m_);
 }
 
@@ -448,7 +456,12 @@ void Trainer::build_checkpoint_parts() {
     int64_t slice = 1;
     for (int64_t n : act_shape_) slice *= n;
     if (link_->scatter_gather(act_shape_)) slice /= cfg_.parallel.tp;
-    codec_->expect_messages(range_.is_last ? 0 : slice, range_.is_first ? 0 : slice, m_);
+    // Chunks that send: forward all but the last stage's last, backward all but the first stage's first.
+    const int chunks = static_cast<int>(range_.chunks);
+    std::vector<int> backward_chunks;
+    for (int c = range_.is_first ? 1 : 0; c < chunks; ++c) backward_chunks.push_back(c);
+    codec_->expect_messages(range_.is_last && chunks == 1 ? 0 : slice, backward_chunks.empty() ? 0 : slice, m_,
+                            backward_chunks);
     PipelineCodec* c = codec_.get();
     checkpoint_parts_.push_back({"pipeline_codec",
                                  fmt::format("fwd={} bwd={} phases={} lep={}", to_yaml_value(comp.pipeline_forward),

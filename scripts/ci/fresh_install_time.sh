@@ -4,14 +4,22 @@
 # slurm/testing/deps.sh in it (apt-get from the network) and prints each one's seconds and the size
 # of the packages fetched. With --make-test it instead runs the README's whole `make test` in that
 # root, on a clone of this repository's HEAD (no packages, no compiler cache), and prints its
-# seconds and ctest's summary. Needs root and debootstrap; unmounts and removes the root at the end.
+# seconds and ctest's summary. With --make-demo it runs the README's `make demo` there instead, until
+# training starts (the trainer's "training N steps" line), then stops it. Needs root and
+# debootstrap; unmounts and removes the root at the end.
 #
-#   scripts/ci/fresh_install_time.sh [--make-test]    OPTCC_DEBIAN_MIRROR (default http://deb.debian.org/debian)
+#   scripts/ci/fresh_install_time.sh [--make-test | --make-demo]
+#                                     OPTCC_DEBIAN_MIRROR (default http://deb.debian.org/debian)
 set -euo pipefail
 REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 MIRROR="${OPTCC_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-MAKE_TEST=0
-[ "${1:-}" = --make-test ] && MAKE_TEST=1
+TARGET=""
+case "${1:-}" in
+  --make-test) TARGET=test ;;
+  --make-demo) TARGET=demo ;;
+  "") ;;
+  *) echo "fresh_install_time.sh: unknown option '$1' (--make-test or --make-demo)" >&2; exit 2 ;;
+esac
 [ "$(id -u)" -eq 0 ] || { echo "fresh_install_time.sh: needs root (debootstrap, chroot)" >&2; exit 1; }
 command -v debootstrap > /dev/null || { echo "fresh_install_time.sh: needs debootstrap (apt-get install debootstrap)" >&2; exit 1; }
 work=$(mktemp -d /tmp/optcc-fresh-install.XXXXXX)
@@ -34,20 +42,32 @@ t1=$(date +%s)
 echo "fresh_install_time: debootstrap (the machine itself, not counted): $((t1 - t0)) s"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 mount -t proc proc "$root/proc"
-if [ "$MAKE_TEST" = 1 ]; then
+if [ -n "$TARGET" ]; then
   # A machine's /sys, /dev and /run (sockets, shared memory, network namespaces for the tests).
   for m in sys dev dev/pts dev/shm run; do mkdir -p "$root/$m" && mount --bind "/$m" "$root/$m"; done
   # make and git come with a fresh machine's build tools; scripts/deps.sh installs the rest.
   chroot "$root" bash -c "apt-get update -q && apt-get install -y -q --no-install-recommends make git ca-certificates" \
     > "$work/make.log" 2>&1 || { tail -20 "$work/make.log"; exit 1; }
   git clone -q "$REPO" "$root/optcc"
-  echo "fresh_install_time: make test on a clone of $(git -C "$REPO" rev-parse --short HEAD)"
+  echo "fresh_install_time: make $TARGET on a clone of $(git -C "$REPO" rev-parse --short HEAD)"
+  log="$work/make-$TARGET.log"
   t=$(date +%s)
   rc=0
-  chroot "$root" bash -c "cd /optcc && make test" > "$work/make-test.log" 2>&1 || rc=$?
-  echo "fresh_install_time: make test: $(($(date +%s) - t)) s (exit $rc)"
-  grep -E "tests passed|Total Test time|^deps:|slurm deps:" "$work/make-test.log" || true
-  [ "$rc" = 0 ] || { tail -40 "$work/make-test.log"; exit 1; }
+  if [ "$TARGET" = test ]; then
+    chroot "$root" bash -c "cd /optcc && make test" > "$log" 2>&1 || rc=$?
+    echo "fresh_install_time: make test: $(($(date +%s) - t)) s (exit $rc)"
+    grep -E "tests passed|Total Test time|^deps:|slurm deps:" "$log" || true
+    [ "$rc" = 0 ] || { tail -40 "$log"; exit 1; }
+    exit 0
+  fi
+  setsid chroot "$root" bash -c "cd /optcc && make demo" > "$log" 2>&1 &
+  demo=$!
+  while kill -0 "$demo" 2> /dev/null && ! grep -qE "\] training [0-9]+ step" "$log"; do sleep 1; done
+  seen=$(date +%s)
+  kill -TERM -- "-$demo" 2> /dev/null || true
+  wait "$demo" 2> /dev/null || true
+  grep -qE "\] training [0-9]+ step" "$log" || { tail -40 "$log"; echo "fresh_install_time: make demo ended before training started" >&2; exit 1; }
+  echo "fresh_install_time: make demo until training starts: $((seen - t)) s"
   exit 0
 fi
 mkdir -p "$root/optcc/scripts" "$root/optcc/slurm/testing"

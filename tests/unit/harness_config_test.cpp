@@ -306,6 +306,54 @@ TEST(Config, LayersOverStages) {  // BR-14
   EXPECT_EQ(validate_error(c, 4), "");
 }
 
+// parallel.schedule and parallel.virtual_stages: the schedule's own rules (schedule.h), each refusal
+// naming the key, the value and the fix.
+TEST(Config, ScheduleAndVirtualStages) {
+  Config c;
+  c.model.vocab_size = 100;
+  c.model.num_layers = 8;
+  c.parallel.pp = 2;
+  c.train.micro_batch_size = 1;
+  c.train.global_batch_size = 4;  // m = 4
+  c.parallel.schedule = "interleaved_1f1b";
+  c.parallel.virtual_stages = 2;
+  EXPECT_EQ(validate_error(c, 2), "");
+  c.parallel.schedule = "pipedream";
+  EXPECT_THAT(validate_error(c, 2),
+              HasSubstr("parallel.schedule = 'pipedream': must be 1f1b, gpipe, interleaved_1f1b or zb_h1"));
+  c.parallel.schedule = "1f1b";
+  EXPECT_THAT(validate_error(c, 2),
+              AllOf(HasSubstr("parallel.virtual_stages = 2"), HasSubstr("only interleaved_1f1b runs more")));
+  c.parallel.schedule = "interleaved_1f1b";
+  c.parallel.virtual_stages = 1;
+  EXPECT_THAT(validate_error(c, 2), AllOf(HasSubstr("parallel.virtual_stages = 1"), HasSubstr("at least 2")));
+  c.parallel.virtual_stages = 0;
+  EXPECT_THAT(validate_error(c, 2), HasSubstr("parallel.virtual_stages = 0"));
+  c.parallel.virtual_stages = 3;  // 8 layers over 2 x 3 virtual stages
+  EXPECT_THAT(validate_error(c, 2), HasSubstr("model.num_layers = 8: is not divisible by parallel.pp * "
+                                              "parallel.virtual_stages = 2 * 3 = 6"));
+  c.parallel.virtual_stages = 2;
+  c.train.global_batch_size = 3;  // m = 3 on 2 stages
+  EXPECT_THAT(validate_error(c, 2), AllOf(HasSubstr("parallel.schedule = 'interleaved_1f1b'"),
+                                          HasSubstr("must be a multiple of the stages"),
+                                          HasSubstr("train.global_batch_size that gives 2 or 4 micro-batches")));
+  c.train.global_batch_size = 4;
+  c.parallel.stage_layers = {5, 3};
+  EXPECT_THAT(validate_error(c, 2), HasSubstr("parallel.stage_layers = 2 entries: cannot be set with interleaved_1f1b"));
+  c.parallel.stage_layers.clear();
+  c.log.lep_diagnostics = true;
+  EXPECT_THAT(validate_error(c, 2), HasSubstr("log.lep_diagnostics = true: records one stage boundary per stage"));
+  c.log.lep_diagnostics = false;
+  c.parallel.pp = 1;  // one stage: nothing to interleave
+  EXPECT_THAT(validate_error(c, 1), HasSubstr("it needs at least 2"));
+  c.parallel.pp = 2;
+  c.parallel.schedule = "zb_h1";
+  EXPECT_THAT(validate_error(c, 2), AllOf(HasSubstr("parallel.virtual_stages = 2"), HasSubstr("not 2")));
+  c.parallel.virtual_stages = 1;
+  c.train.global_batch_size = 3;  // any m
+  EXPECT_EQ(validate_error(c, 2), "");
+}
+
 TEST(Config, WorldSizeMustMatchLayout) {
   Config c;
   c.model.vocab_size = 100;

@@ -38,10 +38,8 @@ torch::Tensor matching_slice(const torch::Tensor& full, const torch::Tensor& sha
   return full.narrow(dim, tp_rank * shard.size(dim), shard.size(dim));
 }
 
-class Parity : public ::testing::TestWithParam<Dims> {};
-
-TEST_P(Parity, LossesAndFinalWeightsMatchSingleRank) {
-  const Dims dims = GetParam();
+// One layout with `schedule` (and `chunks` model chunks per stage) against the single rank.
+void expect_parity(const Dims dims, const std::string& schedule = "1f1b", int chunks = 1) {
   testing::TempDir dir;
   testing::write_synthetic_corpus(dir / "corpus", 64, 300);
   TrainOptions opt;
@@ -50,7 +48,9 @@ TEST_P(Parity, LossesAndFinalWeightsMatchSingleRank) {
   const auto ref = run_training(parity_config(dir, {1, 1, 1}), opt);  // also builds the index cache
 
   const int world = dims.tp * dims.pp * dims.dp;
-  const Config cfg = parity_config(dir, dims);
+  Config cfg = parity_config(dir, dims);
+  cfg.parallel.schedule = schedule;
+  cfg.parallel.virtual_stages = chunks;
   std::vector<TrainSummary> out(world);
   testing::run_layout({dims.tp, dims.pp, dims.dp},
                       [&](int rank, Distributed& dist) { out[rank] = run_training(cfg, opt, dist); });
@@ -62,9 +62,10 @@ TEST_P(Parity, LossesAndFinalWeightsMatchSingleRank) {
       max_loss_rel = std::max(max_loss_rel, std::abs(out[r].train_losses[s] / ref.train_losses[s] - 1));
     }
     const int tp_rank = r % dims.tp, stage = r / (dims.tp * dims.dp);
-    const int64_t first_layer = stage * (4 / dims.pp);
+    const StageRange range = stage_range(cfg, stage);
+    EXPECT_EQ(range.chunks, chunks);
     for (const auto& [name, shard] : out[r].parameters) {
-      const auto it = ref.parameters.find(whole_model_name(name, StageRange{first_layer}));
+      const auto it = ref.parameters.find(whole_model_name(name, range));
       ASSERT_NE(it, ref.parameters.end()) << name;
       auto expect = matching_slice(it->second, shard, tp_rank);
       max_weight = std::max(max_weight, (shard - expect).abs().max().item<double>());
@@ -78,17 +79,45 @@ TEST_P(Parity, LossesAndFinalWeightsMatchSingleRank) {
           << "tied embedding copies diverged on rank " << i;
     }
   }
-  RecordProperty("max_loss_rel_diff", std::to_string(max_loss_rel));
-  RecordProperty("max_weight_abs_diff", std::to_string(max_weight));
-  std::printf("layout tp=%d pp=%d dp=%d: max relative loss diff %.3g, max weight diff %.3g\n", dims.tp, dims.pp,
-              dims.dp, max_loss_rel, max_weight);
+  ::testing::Test::RecordProperty("max_loss_rel_diff", std::to_string(max_loss_rel));
+  ::testing::Test::RecordProperty("max_weight_abs_diff", std::to_string(max_weight));
+  std::printf("layout tp=%d pp=%d dp=%d, %s (v = %d): max relative loss diff %.3g, max weight diff %.3g\n", dims.tp,
+              dims.pp, dims.dp, schedule.c_str(), chunks, max_loss_rel, max_weight);
   EXPECT_LT(max_loss_rel, kLossTol);
   EXPECT_LT(max_weight, kWeightTol);
 }
 
+class Parity : public ::testing::TestWithParam<Dims> {};
+
+TEST_P(Parity, LossesAndFinalWeightsMatchSingleRank) { expect_parity(GetParam()); }
+
 INSTANTIATE_TEST_SUITE_P(Layouts, Parity,
                          ::testing::Values(Dims{2, 1, 1}, Dims{1, 2, 1}, Dims{1, 1, 2}, Dims{2, 2, 1}, Dims{1, 4, 1},
                                            Dims{2, 2, 2}),
+                         [](const auto& info) {
+                           return fmt::format("tp{}pp{}dp{}", info.param.tp, info.param.pp, info.param.dp);
+                         });
+
+// Interleaved 1F1B, two chunks of one layer per stage (4 layers on 2 stages): the ring of
+// messages, the round-robin layers and the tied embedding on stage 0's chunk 0 and the last
+// stage's chunk 1 give the single rank's training (m = 4 at dp 1, 2 at dp 2).
+class ParityInterleaved : public ::testing::TestWithParam<Dims> {};
+
+TEST_P(ParityInterleaved, LossesAndFinalWeightsMatchSingleRank) { expect_parity(GetParam(), "interleaved_1f1b", 2); }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ParityInterleaved, ::testing::Values(Dims{1, 2, 1}, Dims{2, 2, 2}),
+                         [](const auto& info) {
+                           return fmt::format("tp{}pp{}dp{}_v2", info.param.tp, info.param.pp, info.param.dp);
+                         });
+
+// ZB-H1: each backward split into B (input gradient) and W (the linear layers' weight-gradient
+// GEMMs, deferred, kernels/gemm.h), W scheduled into the bubbles; the same gradients, so the same
+// training.
+class ParityZbH1 : public ::testing::TestWithParam<Dims> {};
+
+TEST_P(ParityZbH1, LossesAndFinalWeightsMatchSingleRank) { expect_parity(GetParam(), "zb_h1"); }
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ParityZbH1, ::testing::Values(Dims{1, 2, 1}, Dims{2, 2, 2}, Dims{1, 4, 1}),
                          [](const auto& info) {
                            return fmt::format("tp{}pp{}dp{}", info.param.tp, info.param.pp, info.param.dp);
                          });

@@ -13,6 +13,7 @@
 //     the uncompressed link;
 //   - CB with rank >= the slice matrix's rank reproduces the uncompressed step (1e-5).
 #include <fmt/format.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -499,24 +500,24 @@ TEST(PipelineCodecLink, SixteenBitLinkSendsFp32FactorsAndDeliversItsOwnDtype) {
 
 // ---- CB at full rank reproduces the uncompressed pipeline step -------------------------------
 
-class Chain : public StageFunctions {  // two stages of tanh layers on [s, b, h]
+class Chain : public StageFunctions {  // two stages of tanh layers on [s, b, h], one per model chunk
  public:
-  Chain(int stage, int m) : stage_(stage), m_(m) {
+  Chain(int stage, int m, int chunks = 1) : stage_(stage), m_(m), chunks_(chunks) {
     auto gen = at::detail::createCPUGenerator(11 + stage);  // not the global one: ranks are threads
-    w_ = (torch::randn({kH, kH}, gen) / 4).requires_grad_(true);
+    for (int c = 0; c < chunks; ++c) w_.push_back((torch::randn({kH, kH}, gen) / 4).requires_grad_(true));
     for (int mb = 0; mb < m; ++mb) data_.push_back(torch::randn({kS, kB, kH}, gen));  // full-rank messages
   }
-  torch::Tensor forward(int mb, const torch::Tensor& input) override {
-    torch::Tensor x = stage_ == 0 ? data_[mb] : input;
-    x = torch::tanh(torch::matmul(x, w_) + x);
-    if (stage_ == 0) return x;
+  torch::Tensor forward(int mb, int chunk, const torch::Tensor& input) override {
+    torch::Tensor x = stage_ == 0 && chunk == 0 ? data_[mb] : input;
+    x = torch::tanh(torch::matmul(x, w_.at(chunk)) + x);
+    if (stage_ == 0 || chunk < chunks_ - 1) return x;
     return x.pow(2).mean() / m_;
   }
-  torch::Tensor grad() const { return w_.grad(); }
+  torch::Tensor grad(int chunk = 0) const { return w_.at(chunk).grad(); }
 
  private:
-  int stage_, m_;
-  torch::Tensor w_;
+  int stage_, m_, chunks_;
+  std::vector<torch::Tensor> w_;
   std::vector<torch::Tensor> data_;
 };
 
@@ -548,6 +549,46 @@ TEST(PipelineCodecCb, RankAtLeastTheSliceRankReproducesTheUncompressedStep) {
   EXPECT_LT(rel(full[0], plain[0]), 1e-5);  // fp32 rounding through MGS and three GEMMs
   EXPECT_TRUE(torch::equal(full[1], plain[1]));  // the last stage's own gradient never travels
   EXPECT_GT(rel(low[0], plain[0]), 1e-2);  // rank 1 is lossy: the test can fail
+}
+
+// ---- Interleaved 1F1B: one LEP boundary per sending model chunk -------------------------------
+
+// Two stages, two chunks each (virtual stages 0..3 = stage 0 chunk 0, stage 1 chunk 0, stage 0
+// chunk 1, stage 1 chunk 1): stage 1 sends gradients from both of its chunks, stage 0 from its chunk 1
+// only (to stage 1's chunk 0, around the ring). LEP keeps one buffer per sending chunk (lazy), or one
+// per (chunk, micro-batch).
+TEST(PipelineCodecInterleaved, OneLepBufferPerSendingChunk) {
+  const int m = 2, v = 2;
+  const int64_t slice_bytes = kS * kB * kH * 4;
+  for (LepMode lep : {LepMode::kLazy, LepMode::kPerMicrobatch}) {
+    SCOPED_TRACE(to_string(lep));
+    std::vector<std::shared_ptr<PipelineCodec>> codecs(2);
+    run_ranks(2, [&](const RankContext& ctx) {
+      auto pp = ctx.group({0, 1}, "pp", nullptr, Link::kInterNode);
+      codecs[ctx.rank] = cb(4, kH, BackwardPhases::kAll, lep);
+      StageLink link(*pp, nullptr, {{kS, kB, kH}, {kS, kB, kH}}, torch::kFloat, codecs[ctx.rank], v);
+      Chain fn(ctx.rank, m, v);
+      run_pipeline_step(*make_schedule("interleaved_1f1b", v), fn, link, m);
+    });
+    const int64_t slots = lep == LepMode::kPerMicrobatch ? m : 1;
+    EXPECT_FALSE(codecs[0]->lep_error(0, 0).defined());  // stage 0's chunk 0 sends no gradient
+    EXPECT_TRUE(codecs[0]->lep_error(m - 1, 1).defined());
+    EXPECT_TRUE(codecs[1]->lep_error(m - 1, 0).defined());
+    EXPECT_TRUE(codecs[1]->lep_error(m - 1, 1).defined());
+    EXPECT_EQ(codecs[0]->lep_bytes(), 1 * slots * slice_bytes);
+    EXPECT_EQ(codecs[1]->lep_bytes(), 2 * slots * slice_bytes);
+    EXPECT_EQ(codecs[0]->stats().backward_compressed, m);
+    EXPECT_EQ(codecs[1]->stats().backward_compressed, 2 * m);
+    // The checkpoint's names: chunk 0 as without interleaving, chunk c > 0 as lep.chunk<c>.
+    codecs[1]->expect_messages(kS * kB * kH, kS * kB * kH, m, {0, 1});
+    std::vector<std::string> names;
+    for (const auto& spec : codecs[1]->expected_state()) names.push_back(spec.name);
+    if (lep == LepMode::kLazy) {
+      EXPECT_THAT(names, ::testing::IsSupersetOf({"lep", "lep.chunk1"}));
+    } else {
+      EXPECT_THAT(names, ::testing::IsSupersetOf({"lep.0", "lep.1", "lep.chunk1.0", "lep.chunk1.1"}));
+    }
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 // Pipeline runner and StageLink on Gloo, ranks as threads: a toy chain of tanh layers split over
-// stages must give the single-process loss and gradients for 1F1B and GPipe, with and without
+// stages must give the single-process loss and gradients for 1F1B, GPipe, ZB-H1 (its weight
+// gradients deferred to W) and interleaved 1F1B, with and without
 // scatter-gather, for m below and above the stage count (BR-12); bytes follow stage_link.h's rule;
 // asymmetric payloads keep their shapes (BR-11); a stage that skips its step ends in a named error.
 #include <fmt/format.h>
@@ -16,6 +17,7 @@
 
 #include "harness/parallel/layout.h"
 #include "harness/parallel/pipeline_runner.h"
+#include "kernels/gemm.h"
 #include "tests/support/gloo_ranks.h"
 
 namespace optcc {
@@ -55,38 +57,43 @@ Toy make_toy(int m, std::vector<int64_t> widths) {
   return t;
 }
 
-// Layers [first, last) of the chain on stage `stage` of `stages`; stage 0 owns the embedding
-// (alpha * data[mb]), the last stage the loss mean((y - target[mb])^2) / m.
+// Layers of the chain on stage `stage` of `stages` with `chunks` model chunks: chunk c holds virtual
+// stage j = c * stages + stage, layers [j L / (stages chunks), (j + 1) L / (stages chunks)) (one
+// chunk: [first, last) of an even split). Stage 0 owns the embedding (alpha * data[mb], run by its
+// chunk 0), the last stage the loss mean((y - target[mb])^2) / m (after its last chunk).
 class ToyStage : public StageFunctions {
  public:
-  ToyStage(const Toy& toy, int stage, int stages)
-      : toy_(toy),
-        first_(stage * toy.layers() / stages),
-        last_((stage + 1) * toy.layers() / stages),
-        embed_(stage == 0),
-        loss_(stage == stages - 1) {
+  ToyStage(const Toy& toy, int stage, int stages, int chunks = 1)
+      : toy_(toy), embed_(stage == 0), loss_(stage == stages - 1) {
     auto own = [&](const std::string& name, const torch::Tensor& t) {
       params_[name] = t.clone().requires_grad_(true);
     };
     if (embed_) own("alpha", toy.alpha);
-    for (int l = first_; l < last_; ++l) {
-      own(fmt::format("w{}", l), toy.w[l]);
-      own(fmt::format("b{}", l), toy.bias[l]);
+    const int virtual_stages = stages * chunks;
+    for (int c = 0; c < chunks; ++c) {
+      const int j = c * stages + stage;
+      chunk_layers_.push_back({j * toy.layers() / virtual_stages, (j + 1) * toy.layers() / virtual_stages});
+      for (int l = chunk_layers_.back().first; l < chunk_layers_.back().second; ++l) {
+        own(fmt::format("w{}", l), toy.w[l]);
+        own(fmt::format("b{}", l), toy.bias[l]);
+      }
     }
   }
 
-  torch::Tensor forward(int mb, const torch::Tensor& input) override {
-    torch::Tensor x = embed_ ? params_["alpha"] * toy_.data[mb] : input;  // [s, b, h_first]
-    for (int l = first_; l < last_; ++l) {
-      x = torch::tanh(torch::matmul(x, params_[fmt::format("w{}", l)]) +
-                      params_[fmt::format("b{}", l)]);
+  torch::Tensor forward(int mb, int chunk, const torch::Tensor& input) override {
+    const bool embeds = embed_ && chunk == 0;
+    const bool heads = loss_ && chunk == static_cast<int>(chunk_layers_.size()) - 1;
+    torch::Tensor x = embeds ? params_["alpha"] * toy_.data[mb] : input;  // [s, b, h_first]
+    const auto [first, last] = chunk_layers_.at(chunk);
+    for (int l = first; l < last; ++l) {  // x·w + b through gemm_linear, whose W ZB-H1 defers
+      x = torch::tanh(gemm_linear(x, params_[fmt::format("w{}", l)].t(), params_[fmt::format("b{}", l)]));
     }
-    if (!loss_) return x;  // [s, b, h_last]
+    if (!heads) return x;  // [s, b, h_last]
     return (x - toy_.target[mb]).pow(2).mean() / toy_.m;
   }
 
-  StageLinkShapes shapes() const {
-    return {{kS, kB, toy_.widths[first_]}, {kS, kB, toy_.widths[last_]}};
+  StageLinkShapes shapes() const {  // of chunk 0 (interleaved toys have one width throughout)
+    return {{kS, kB, toy_.widths[chunk_layers_[0].first]}, {kS, kB, toy_.widths[chunk_layers_[0].second]}};
   }
   std::map<std::string, torch::Tensor> grads() const {
     std::map<std::string, torch::Tensor> g;
@@ -96,8 +103,8 @@ class ToyStage : public StageFunctions {
 
  private:
   const Toy& toy_;
-  int first_, last_;
   bool embed_, loss_;
+  std::vector<std::pair<int, int>> chunk_layers_;  // [chunks] of [first, last) layers
   std::map<std::string, torch::Tensor> params_;
 };
 
@@ -110,7 +117,7 @@ Reference reference(const Toy& toy) {  // the whole chain in one process, summed
   ToyStage all(toy, 0, 1);
   Reference r;
   for (int mb = 0; mb < toy.m; ++mb) {
-    torch::Tensor loss = all.forward(mb, {});
+    torch::Tensor loss = all.forward(mb, 0, {});
     r.loss += loss.item<double>();
     loss.backward();
   }
@@ -129,7 +136,7 @@ using CodecFactory = std::function<std::shared_ptr<MessageCodec>(int stage, int 
 
 // One step of `schedule` with DP = 1: pipeline groups inter-node, TP groups intra-node, one meter.
 std::vector<RankOutcome> run_toy(const Toy& toy, int stages, int tp, const std::string& schedule,
-                                 CodecFactory codec = {}) {
+                                 CodecFactory codec = {}, int chunks = 1) {
   const RankLayout layout({tp, stages, 1}, tp);
   std::vector<RankOutcome> out(layout.world());
   run_ranks(layout.world(), [&](const RankContext& ctx) {
@@ -141,9 +148,9 @@ std::vector<RankOutcome> run_toy(const Toy& toy, int stages, int tp, const std::
                         Link::kInterNode);
     auto tpg = ctx.group(layout.tp_group(ctx.rank), fmt::format("tp_pp{}", c.pp), &me.meter,
                          Link::kIntraNode);
-    ToyStage fn(toy, c.pp, stages);
-    StageLink link(*pp, tpg.get(), fn.shapes(), torch::kFloat, codec ? codec(c.pp, c.tp) : nullptr);
-    me.step = run_pipeline_step(*make_schedule(schedule), fn, link, toy.m);
+    ToyStage fn(toy, c.pp, stages, chunks);
+    StageLink link(*pp, tpg.get(), fn.shapes(), torch::kFloat, codec ? codec(c.pp, c.tp) : nullptr, chunks);
+    me.step = run_pipeline_step(*make_schedule(schedule, chunks), fn, link, toy.m);
     me.grads = fn.grads();
   });
   return out;
@@ -179,6 +186,12 @@ TEST_P(PipelineVsReference, LossGradientsAndBytes) {
   const Toy toy = make_toy(m, kWidths);
   const std::vector<RankOutcome> ranks = run_toy(toy, stages, tp, schedule);
   expect_matches_reference(ranks, reference(toy), stages, m);
+  // ZB-H1's W ran every layer's weight GEMM of every micro-batch (deferred from B); nothing else defers.
+  for (const RankOutcome& r : ranks) {
+    const int64_t layers = 4 / stages;  // gemm_linear calls per micro-batch on this stage
+    EXPECT_EQ(r.step.deferred_weight_grads, schedule == "zb_h1" ? m * layers : 0) << "stage " << r.stage;
+    EXPECT_EQ(r.step.deferred_peak_bytes > 0, schedule == "zb_h1") << "stage " << r.stage;
+  }
 
   // stage_link.h: slice N/t*4 bytes per message on the pipeline link (inter); the receiver's
   // all-gather (t-1)*N/t*4 on the TP link (intra), under the same class.
@@ -212,8 +225,45 @@ INSTANTIATE_TEST_SUITE_P(Schedules, PipelineVsReference,
                                                               std::make_pair(4, 1),
                                                               std::make_pair(2, 2)),
                                             ::testing::Values(1, 2, 3, 8),
-                                            ::testing::Values("1f1b", "gpipe")),
+                                            ::testing::Values("1f1b", "gpipe", "zb_h1")),
                          case_name);
+
+// ---- Interleaved 1F1B (v model chunks per stage) vs. the single-process reference ----
+
+using InterleavedCase = std::tuple<std::pair<int, int>, int, int>;  // (stages, tp), m, chunks
+
+class InterleavedVsReference : public ::testing::TestWithParam<InterleavedCase> {};
+
+// L = 8 layers of width 16: every virtual stage holds 8 / (p v) of them. Every (chunk, micro-batch)
+// crosses one boundary each way, around the ring: stage 0 receives no activation for its chunk 0
+// and sends it no gradient; the last stage sends no activation from its last chunk.
+TEST_P(InterleavedVsReference, LossGradientsAndBytes) {
+  const auto [dims, m, v] = GetParam();
+  const auto [stages, tp] = dims;
+  const Toy toy = make_toy(m, std::vector<int64_t>(9, 16));
+  const std::vector<RankOutcome> ranks = run_toy(toy, stages, tp, "interleaved_1f1b", {}, v);
+  expect_matches_reference(ranks, reference(toy), stages, m);
+  const int64_t slice = kS * kB * 16 * 4 / tp, gather = (tp - 1) * slice;
+  for (const RankOutcome& r : ranks) {
+    SCOPED_TRACE(fmt::format("stage {} tp {}", r.stage, r.tp));
+    const int64_t first = r.stage == 0, last = r.stage == stages - 1;
+    EXPECT_EQ(r.meter.at(Traffic::kPipelineForward, Link::kInterNode).bytes, m * (v - last) * slice);
+    EXPECT_EQ(r.meter.at(Traffic::kPipelineForward, Link::kIntraNode).bytes, m * (v - first) * gather);
+    EXPECT_EQ(r.meter.at(Traffic::kPipelineBackward, Link::kInterNode).bytes, m * (v - first) * slice);
+    EXPECT_EQ(r.meter.at(Traffic::kPipelineBackward, Link::kIntraNode).bytes, m * (v - last) * gather);
+  }
+}
+
+std::string interleaved_name(const ::testing::TestParamInfo<InterleavedCase>& info) {
+  const auto& [dims, m, v] = info.param;
+  return fmt::format("pp{}_tp{}_m{}_v{}", dims.first, dims.second, m, v);
+}
+
+INSTANTIATE_TEST_SUITE_P(Chunks, InterleavedVsReference,
+                         ::testing::Values(InterleavedCase{{2, 1}, 2, 2}, InterleavedCase{{2, 1}, 4, 2},
+                                           InterleavedCase{{2, 2}, 4, 2}, InterleavedCase{{4, 1}, 8, 2},
+                                           InterleavedCase{{2, 1}, 4, 4}),
+                         interleaved_name);
 
 // ---- StageLink on its own: Megatron vocabulary, scatter-gather values, checks ----
 
@@ -236,6 +286,19 @@ TEST(StageLink, VocabularyDeliversValuesWithAndWithoutScatterGather) {
       if (link.is_first_stage()) {
         EXPECT_THROW(link.send_forward(torch::zeros({2, 2}), 0), std::invalid_argument);
         EXPECT_FALSE(link.recv_forward(0).defined());
+        // Refused before anything is posted: a peer that is not the next virtual stage, a chunk
+        // this one-chunk link does not have, a receive from before the first virtual stage.
+        const auto refusal = [&](P2PMessage m) {
+          try {
+            link.execute({{m}, PipePhase::kWarmup, false}, {m.dir == P2PDir::kSendForward ? value(0) : torch::Tensor()});
+          } catch (const std::invalid_argument& e) {
+            return std::string(e.what());
+          }
+          return std::string("accepted");
+        };
+        EXPECT_THAT(refusal({P2PDir::kSendForward, 0, 0}), HasSubstr("the peer must be stage 1 (chunk 0)"));
+        EXPECT_THAT(refusal({P2PDir::kSendForward, 0, 1, 1, 1}), HasSubstr("no virtual stage at that end"));
+        EXPECT_THAT(refusal({P2PDir::kRecvForward, 0, 1}), HasSubstr("no virtual stage at that end"));
         link.send_forward(value(0), 0);
         torch::Tensor g0 = link.send_forward_recv_backward(value(1), 1, 0);
         EXPECT_TRUE(torch::equal(g0, -value(0)));

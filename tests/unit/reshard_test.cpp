@@ -93,10 +93,16 @@ TEST(Reshard, SplitsComeFromTheLayers) {
   EXPECT_EQ(splits.size(), GptModel(gpt_options(layout_config(1, 1, 1)))->named_parameters().size());
   EXPECT_EQ(whole_model_name("blocks.1.mlp.fc1.weight", StageRange{2, 2, false, true}), "blocks.3.mlp.fc1.weight");
   EXPECT_EQ(whole_model_name("final_ln.weight", StageRange{2, 2, false, true}), "final_ln.weight");
-  EXPECT_EQ(whole_model_layer("blocks.1.mlp.fc1.weight", 2), std::optional<int64_t>(3));
-  EXPECT_EQ(whole_model_layer("blocks.12.attn.qkv.bias", 0), std::optional<int64_t>(12));
-  EXPECT_EQ(whole_model_layer("final_ln.weight", 2), std::nullopt);
-  EXPECT_EQ(whole_model_layer("word_embedding.weight", 0), std::nullopt);
+  EXPECT_EQ(whole_model_layer("blocks.1.mlp.fc1.weight", StageRange{2, 2}), std::optional<int64_t>(3));
+  EXPECT_EQ(whole_model_layer("blocks.12.attn.qkv.bias", StageRange{0, 16}), std::optional<int64_t>(12));
+  EXPECT_EQ(whole_model_layer("final_ln.weight", StageRange{2, 2}), std::nullopt);
+  EXPECT_EQ(whole_model_layer("word_embedding.weight", StageRange{}), std::nullopt);
+  // Interleaved: stage 1 of 2, 2 chunks of 2 layers of an 8-layer model holds layers 2, 3 and 6, 7.
+  const StageRange interleaved{2, 2, false, false, 2, 4};
+  EXPECT_EQ(whole_model_layer("blocks.0.ln1.weight", interleaved), std::optional<int64_t>(2));
+  EXPECT_EQ(whole_model_layer("blocks.1.ln1.weight", interleaved), std::optional<int64_t>(3));
+  EXPECT_EQ(whole_model_layer("blocks.2.ln1.weight", interleaved), std::optional<int64_t>(6));
+  EXPECT_EQ(whole_model_name("blocks.3.mlp.fc2.bias", interleaved), "blocks.7.mlp.fc2.bias");
 }
 
 TEST(Reshard, MergedTp2Pp2Dp2CheckpointEqualsTheSingleRankModel) {
@@ -179,6 +185,38 @@ TEST(Reshard, Tp2Pp2CheckpointReshardsIntoOtherLayouts) {
     SCOPED_TRACE(fmt::format("tp={} pp={} dp={}", tp, pp, dp));
     expect_reshard_matches(m, layout_config(tp, pp, dp));
   }
+}
+
+// Interleaved 1F1B holds the same model in other pieces (stage k: layers k and k + 2 of 4 at pp 2,
+// v 2): its checkpoint merges into the single-rank model and re-shards into non-interleaved
+// layouts, and a non-interleaved one into the interleaved layout.
+Config interleaved(Config c) {
+  c.parallel.schedule = "interleaved_1f1b";
+  c.parallel.virtual_stages = 2;
+  c.train.global_batch_size = 2 * c.parallel.pp * c.parallel.dp;  // m = pp
+  return c;
+}
+
+TEST(Reshard, InterleavedCheckpointsReshardToAndFromOneChunkPerStage) {
+  testing::TempDir dir;
+  build_layout(interleaved(layout_config(2, 2, 1)), dir / "interleaved");
+  const MergedCheckpoint m = merge_checkpoint(dir / "interleaved");
+  EXPECT_EQ(m.max_tied_difference, 0.0);
+  const auto ref = single_rank_parameters(layout_config(1, 1, 1));
+  ASSERT_EQ(m.parameters.size(), ref.size());
+  for (const auto& [name, want] : ref) {
+    ASSERT_TRUE(m.parameters.count(name)) << name;
+    if (name != "embedding.weight") {
+      EXPECT_TRUE(torch::equal(m.parameters.at(name), want)) << name;
+    }
+  }
+  for (const auto& [tp, pp] : std::vector<std::array<int, 2>>{{1, 1}, {2, 2}, {1, 4}}) {
+    SCOPED_TRACE(fmt::format("into tp={} pp={}, one chunk per stage", tp, pp));
+    expect_reshard_matches(m, layout_config(tp, pp, 1));
+  }
+  build_layout(layout_config(1, 4, 1), dir / "plain");
+  SCOPED_TRACE("a pp=4 checkpoint into tp=1 pp=2 v=2");
+  expect_reshard_matches(merge_checkpoint(dir / "plain"), interleaved(layout_config(1, 2, 1)));
 }
 
 TEST(Reshard, BadCheckpointsAreNamed) {

@@ -10,6 +10,7 @@
 #include "harness/config/config.h"
 #include "harness/perfmodel/hardware_profile.h"
 #include "harness/perfmodel/regime.h"
+#include "harness/parallel/schedule.h"
 #include "harness/perfmodel/simulator.h"
 #include "models/flops.h"
 #include "tests/support/paths.h"
@@ -72,6 +73,35 @@ TEST(Simulator, EqualStagesGiveThe1F1BFormula) {
       EXPECT_NEAR(r.iteration_s, (m + p - 1) * (tf + tb), 1e-6) << "p=" << p << " m=" << m;
       in.schedule = "gpipe";
       EXPECT_NEAR(replay(in).iteration_s, (m + p - 1) * (tf + tb), 1e-6) << "gpipe p=" << p << " m=" << m;
+    }
+  }
+}
+
+// Every schedule, messages free: the replay's iteration is the makespan of schedule.h's own timed
+// simulation with the same action costs (F; B the backward less W where the schedule splits it;
+// a chunk's action 1/v of the stage's): one schedule, two simulators that agree.
+TEST(Simulator, EverySchedulesIterationIsItsPlansMakespan) {
+  const double tf = 0.010, tb = 0.025, tw = 0.008;  // per layer: forward, whole backward, its W part
+  for (const auto& [name, v] : std::vector<std::pair<std::string, int>>{
+           {"1f1b", 1}, {"gpipe", 1}, {"zb_h1", 1}, {"interleaved_1f1b", 2}}) {
+    for (int p : {2, 4}) {
+      for (int m : {4, 8}) {
+        SCOPED_TRACE(fmt::format("{} p={} m={}", name, p, m));
+        Config c = small(1, p, 1, m);
+        c.model.num_layers = 8;
+        c.parallel.schedule = name;
+        c.parallel.virtual_stages = v;
+        c.validate(p);
+        SimInputs in = make_sim_inputs(c, profile());
+        const int64_t layers = 8 / p;
+        for (auto& s : in.stages) s = StageCompute{layers, tf, tb, 0, 0, 0, tw};
+        in.links.intra_bytes_per_s = in.links.inter_bytes_per_s = 1e30;  // free messages
+        const auto schedule = make_schedule(name, v);
+        const double w = schedule->splits_backward() ? layers * tw : 0.0;
+        const SimulationResult plan = simulate(*schedule, p, m, ActionCosts{layers * tf, layers * tb - w, w});
+        ASSERT_TRUE(plan.ok()) << plan.summary();
+        EXPECT_NEAR(replay(in).iteration_s, plan.makespan, 1e-6);  // durations in whole ns
+      }
     }
   }
 }

@@ -420,6 +420,45 @@ TEST(TrafficModelVsMeters, CbFeSc) {
   expect_model_equals_meters(c, "cb_fe_sc");
 }
 
+// Interleaved 1F1B, two chunks of one layer per stage: every stage sends m*v messages each way around
+// the ring (stage 0's chunk 0 no gradient, the last stage's chunk 1 no activation), each backward
+// send compressed as its epilogue flag says; the model reads the same plan.
+TEST(TrafficModelVsMeters, InterleavedBaselineAndCbFeSc) {
+  Config c = measured_config();
+  c.parallel.schedule = "interleaved_1f1b";
+  c.parallel.virtual_stages = 2;
+  expect_model_equals_meters(c, "interleaved_baseline");
+  apply_override(c, "compression.scheme=cb_fe_sc");
+  apply_override(c, "compression.pipeline_backward={name: lowrank, rank: 4}");
+  apply_override(c, "compression.dp={name: powersgd, rank: 4, warmup_steps: 0}");
+  apply_override(c, "compression.dp_stages=1");
+  expect_model_equals_meters(c, "interleaved_cb_fe_sc");
+}
+
+// LEP buffers per stage: one backward slice (fp32) per sending chunk and buffer, as PipelineCodec
+// keeps them (pipeline_codec_test's OneLepBufferPerSendingChunk: the same counts at run time).
+TEST(TrafficModel, LepBytesPerSendingChunk) {
+  Config c = measured_config();
+  c.model.vocab_size = 100;
+  apply_override(c, "compression.pipeline_backward={name: lowrank, rank: 4}");
+  apply_override(c, "compression.backward_phases=all");
+  const int64_t slice = 16 * 2 * 32 / 2 * 4;  // s b h / t, fp32
+  for (const char* lep : {"lazy", "per_microbatch"}) {
+    apply_override(c, fmt::format("compression.lep={}", lep));
+    const int64_t slots = std::string(lep) == "lazy" ? 1 : 2;  // m = 2
+    c.parallel.schedule = "1f1b";
+    c.parallel.virtual_stages = 1;
+    TrafficEstimate e = estimate_traffic(c, {});
+    EXPECT_EQ(e.stages[0].lep_bytes, 0) << lep;
+    EXPECT_EQ(e.stages[1].lep_bytes, slots * slice) << lep;
+    c.parallel.schedule = "interleaved_1f1b";
+    c.parallel.virtual_stages = 2;
+    e = estimate_traffic(c, {});
+    EXPECT_EQ(e.stages[0].lep_bytes, 1 * slots * slice) << lep;  // chunk 1 only
+    EXPECT_EQ(e.stages[1].lep_bytes, 2 * slots * slice) << lep;  // both chunks
+  }
+}
+
 // Every backward message compressed, a forward codec, 16-bit TP all-reduces and a compressed pair
 // embedding sync.
 TEST(TrafficModelVsMeters, CodecsEverywhere) {
