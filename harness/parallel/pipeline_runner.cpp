@@ -194,8 +194,10 @@ PipelineStepResult run_pipeline_step(const PipelineSchedule& schedule, StageFunc
   const std::vector<StageStep> plan =
       communication_plan(schedule, link.stage(), link.stages(), microbatches);
   StepRunner runner(fn, link, schedule.chunks(), schedule.splits_backward());
+  double compute = 0;
   for (const StageStep& step : plan) {
     runner.run_calls(step.before);
+    const auto a0 = std::chrono::steady_clock::now();
     switch (step.action.op) {
       case PipeOp::kForward:
         runner.forward(step.action.chunk, step.action.microbatch);
@@ -207,9 +209,11 @@ PipelineStepResult run_pipeline_step(const PipelineSchedule& schedule, StageFunc
         runner.weight(step.action.chunk, step.action.microbatch);
         break;
     }
+    compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - a0).count();
     runner.run_calls(step.after);
   }
   PipelineStepResult result = runner.finish();
+  result.compute_seconds = compute;
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }

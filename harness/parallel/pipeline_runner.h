@@ -61,6 +61,8 @@ struct PipelineStepResult {
                                           // already / m, so the mean loss); 0 on other stages
   std::vector<double> microbatch_losses;  // last stage: [m], as returned by forward; else empty
   double seconds = 0;                     // wall time of the whole step on this rank, s
+  double compute_seconds = 0;             // of it, the time inside the compute actions (F, B, W); the
+                                          // rest is calls: transfers and waiting for peers (the bubble)
   // Split backwards (zb_h1): the weight-gradient GEMMs B deferred to W (one per linear layer and
   // micro-batch), and the most bytes their held inputs and output gradients took at once. 0 otherwise.
   int64_t deferred_weight_grads = 0;

@@ -292,11 +292,15 @@ void add_component_tables(std::vector<std::unique_ptr<RankTable>>& t) {
                           {"cos_carried_slice", kF, "", [](const LepSendRecord& e) { return e.cos_carried_slice; }},
                           {"cos_carried_delta", kF, "", [](const LepSendRecord& e) { return e.cos_carried_delta; }},
                           {"carried_age", kI, "steps", [](const LepSendRecord& e) { return double(e.carried_age); }}}));
-  // Every rank's own timing of each step (BR-19 in docs/faults.md): its pipeline schedule, then the whole step.
+  // Every rank's own timing of each step (BR-19 in docs/faults.md): its pipeline schedule, then the whole step;
+  // pipeline_compute_seconds: the schedule's compute actions (F, B, W with the TP collectives inside
+  // them), so 1 - pipeline_compute_seconds / pipeline_seconds is the rank's measured bubble.
   t.push_back(std::make_unique<Table<RankStep>>(
       "timing", one_row(), [](const RankStep& s) { return std::vector<RankStep>{s}; },
       Cols<RankStep>{{"pipeline_seconds", kF, "s", [](const RankStep& s) { return s.pipeline_seconds; }},
-                     {"step_seconds", kF, "s", [](const RankStep& s) { return s.step_seconds; }}}));
+                     {"step_seconds", kF, "s", [](const RankStep& s) { return s.step_seconds; }},
+                     {"pipeline_compute_seconds", kF, "s",
+                      [](const RankStep& s) { return s.x.pipeline_compute_seconds; }}}));
 }
 
 // Every rank table, in results-file order (the order of result_tables()).

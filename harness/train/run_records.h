@@ -54,6 +54,8 @@ struct StepExtras {
   int64_t max_orth_pairs = 0;          // m - 1 when the Fig. 11 check is on, else 0
   int64_t max_lep_sends = 0;           // m when log.lep_diagnostics is on, else 0
   bool tensor_detail = false;          // this step writes /dp_tensors rows (a logging step)
+  double pipeline_compute_seconds = 0; // of the pipeline schedule, the time in its compute actions
+                                       // (PipelineStepResult::compute_seconds); the rest is waiting
 };
 
 /// What a run's results file grows by, from its config alone (before the first step: optcc train

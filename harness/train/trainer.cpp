@@ -697,6 +697,7 @@ Trainer::StepResult Trainer::step() {
   synchronize(d_.placement.device);  // CUDA: the step ends when the GPU has finished it
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   step_event.reset();
+  extras_->pipeline_compute_seconds = pipe.compute_seconds;
   record_step(r, pipe.seconds, activations_peak);
   return r;
 }

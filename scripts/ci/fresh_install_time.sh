@@ -41,6 +41,12 @@ debootstrap --variant=minbase bookworm "$root" "$MIRROR" > "$work/debootstrap.lo
 t1=$(date +%s)
 echo "fresh_install_time: debootstrap (the machine itself, not counted): $((t1 - t0)) s"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The site's own certificate authorities (a TLS-inspecting proxy's, say): a machine of this network
+# has them, and npm (the corpus fetch) needs them; the ca-certificates package adds them to the bundle.
+if compgen -G "/usr/local/share/ca-certificates/*.crt" > /dev/null; then
+  mkdir -p "$root/usr/local/share/ca-certificates"
+  cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
+fi
 mount -t proc proc "$root/proc"
 if [ -n "$TARGET" ]; then
   # A machine's /sys, /dev and /run (sockets, shared memory, network namespaces for the tests).
@@ -62,12 +68,16 @@ if [ -n "$TARGET" ]; then
   fi
   setsid chroot "$root" bash -c "cd /optcc && make demo" > "$log" 2>&1 &
   demo=$!
-  while kill -0 "$demo" 2> /dev/null && ! grep -qE "\] training [0-9]+ step" "$log"; do sleep 1; done
+  built=""
+  while kill -0 "$demo" 2> /dev/null && ! grep -qE "\] training [0-9]+ step" "$log"; do
+    [ -z "$built" ] && grep -q "optcc data fetch" "$log" && built=$(date +%s)
+    sleep 1
+  done
   seen=$(date +%s)
   kill -TERM -- "-$demo" 2> /dev/null || true
   wait "$demo" 2> /dev/null || true
   grep -qE "\] training [0-9]+ step" "$log" || { tail -40 "$log"; echo "fresh_install_time: make demo ended before training started" >&2; exit 1; }
-  echo "fresh_install_time: make demo until training starts: $((seen - t)) s"
+  echo "fresh_install_time: make demo until training starts: $((seen - t)) s (install and build: $((${built:-$seen} - t)) s)"
   exit 0
 fi
 mkdir -p "$root/optcc/scripts" "$root/optcc/slurm/testing"

@@ -191,6 +191,8 @@ TEST_P(PipelineVsReference, LossGradientsAndBytes) {
     const int64_t layers = 4 / stages;  // gemm_linear calls per micro-batch on this stage
     EXPECT_EQ(r.step.deferred_weight_grads, schedule == "zb_h1" ? m * layers : 0) << "stage " << r.stage;
     EXPECT_EQ(r.step.deferred_peak_bytes > 0, schedule == "zb_h1") << "stage " << r.stage;
+    EXPECT_GT(r.step.compute_seconds, 0.0);  // part of the step, the rest in calls
+    EXPECT_LE(r.step.compute_seconds, r.step.seconds);
   }
 
   // stage_link.h: slice N/t*4 bytes per message on the pipeline link (inter); the receiver's

@@ -54,8 +54,8 @@ std::vector<double> read_series(const std::string& file, const std::string& path
 }
 
 // The results file's projection (run_records.h) in closed form: one rank writes per step a /train
-// row (8 columns), /traffic (control only: 9, p2p_bytes among them), /memory (3), /timing (4),
-// /memory_components (11: step, rank and the nine components) and /dp_totals (6): 41 columns of 8
+// row (8 columns), /traffic (control only: 9, p2p_bytes among them), /memory (3), /timing (5),
+// /memory_components (11: step, rank and the nine components) and /dp_totals (6): 42 columns of 8
 // bytes; evaluations add /eval rows (4 columns).
 TEST(ResultsProjection, OneRankClosedFormAndLayoutScaling) {
   Config c;
@@ -64,10 +64,10 @@ TEST(ResultsProjection, OneRankClosedFormAndLayoutScaling) {
   c.log.interval = 10;
   auto p = project_results(c);
   EXPECT_EQ(p.rows_per_step, 6);
-  EXPECT_EQ(p.bytes_per_step, 41 * 8);
+  EXPECT_EQ(p.bytes_per_step, 42 * 8);
   EXPECT_EQ(p.detail_rows, 0);  // compression.dp none: no tensor is compressed
   EXPECT_EQ(p.logging_steps, 10);
-  EXPECT_EQ(p.total_bytes, 100 * 41 * 8 + 3 * 4 * 8);
+  EXPECT_EQ(p.total_bytes, 100 * 42 * 8 + 3 * 4 * 8);
   // PowerSGD on DP: at most 12 tensors per layer + 4 per stage, per (tp, dp) rank, at each logging step.
   c.compression.dp.name = "powersgd";
   c.parallel.dp = 2;
