@@ -22,9 +22,13 @@ PROFILES = ["paper-a100-ib200", "h100-ndr400x8"]
 SCHEMES = "baseline,cb,cb_fe,cb_fe_sc,cb_nonlep"
 
 
-def simulate(optcc, config, profile):
-    cmd = [optcc, "simulate", "--config", config, "--profile", profile, "--schemes", SCHEMES, "--json",
+def simulate(optcc, config, profile, schemes=SCHEMES, sets=()):
+    """`optcc simulate --json` with the paper's recipe (full recomputation, PowerSGD on every >= 2-D DP
+    gradient), `--set` each of `sets`; its parsed output. scripts/schedules_study.py uses it too."""
+    cmd = [optcc, "simulate", "--config", config, "--profile", profile, "--schemes", schemes, "--json",
            "--recompute", "--reference-powersgd"]
+    for s in sets:
+        cmd += ["--set", s]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True)
     return json.loads(out.stdout)
 

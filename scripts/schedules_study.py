@@ -13,9 +13,11 @@ Part 2, the measured cpu-scale runs of the experiment file, is added when they e
 says so when they do not).
 """
 import argparse
-import json
-import subprocess
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from projections import simulate as paper_recipe_simulate  # noqa: E402
 
 MODELS = [("GPT-2.5B", "experiments/paper/gpt-2.5b.yaml", 52), ("GPT-8.3B", "experiments/paper/gpt-8.3b.yaml", 72)]
 PROFILE = "paper-a100-ib200"
@@ -25,11 +27,8 @@ PP = 4  # both paper configs: TP8 x PP4 x DP4
 
 
 def simulate(optcc, config, schedule, chunks):
-    cmd = [optcc, "simulate", "--config", config, "--profile", PROFILE, "--schemes", SCHEMES, "--json",
-           "--recompute", "--reference-powersgd", "--set", f"parallel.schedule={schedule}",
-           "--set", f"parallel.virtual_stages={chunks}"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return json.loads(out.stdout)
+    return paper_recipe_simulate(optcc, config, PROFILE, SCHEMES,
+                                 [f"parallel.schedule={schedule}", f"parallel.virtual_stages={chunks}"])
 
 
 def main():

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -63,13 +64,10 @@ class StepRunner {
     const Key key{chunk, mb};
     torch::Tensor x;
     if (!first_virtual(chunk)) x = take(inputs_, key, "input activation");
-    torch::Tensor y;
-    if (split_) {
-      WeightGradDeferral defer(deferred_);  // its GEMMs' weight gradients wait for W
-      y = fn_.forward(mb, chunk, x);
-    } else {
-      y = fn_.forward(mb, chunk, x);
-    }
+    std::optional<WeightGradDeferral> defer;  // split backward: its GEMMs' weight gradients wait for W
+    if (split_) defer.emplace(deferred_);
+    torch::Tensor y = fn_.forward(mb, chunk, x);
+    defer.reset();
     if (!y.defined() || !y.requires_grad()) {
       throw std::invalid_argument(fmt::format(
           "pipeline stage {}{}: forward of micro-batch {} returned {}; it must depend on a "

@@ -18,7 +18,7 @@
 //   micro-batch) pairs (1F1B: min(p-k, m); GPipe: m; interleaved: schedule.h) hold activations at
 //   any time. The output's storage is not replaced by a placeholder after its send (Megatron's
 //   optional output deallocation, docs/design.md §1.3).
-// m < p works for 1F1B and GPipe (BR-12): the plan then has no steady state.
+// m < p works for 1F1B and GPipe (BR-12 in docs/faults.md): the plan then has no steady state.
 //
 // Schedules that split the backward (zb_h1): kBackward is B, autograd with each forward's linear
 // layers deferring their weight-gradient GEMMs (kernels/gemm.h, WeightGradDeferral), and kWeight is

@@ -29,7 +29,7 @@ int64_t numel_of(at::IntArrayRef shape) {
 }
 
 // Every wire tensor's tag names its direction, micro-batch, the sender's model chunk and payload
-// part (BR-11); both ends compute the same tag (the receiver names the sender's chunk peer_chunk).
+// part (BR-11 in docs/faults.md); both ends compute the same tag (the receiver names the sender's chunk peer_chunk).
 constexpr int kMaxChunkTags = 64;
 int tag_of(const P2PMessage& m, size_t part) {
   const int sender_chunk = is_send(m.dir) ? m.chunk : m.peer_chunk;
@@ -37,14 +37,12 @@ int tag_of(const P2PMessage& m, size_t part) {
          static_cast<int>(part);
 }
 
-// The stage and chunk at the other end of a message from `stage`'s chunk `chunk` of `stages`: the
-// next virtual stage for kSendForward / kRecvBackward, the previous one otherwise (a ring between
-// chunks: stage p-1's chunk c is followed by stage 0's chunk c+1). {-1, -1} past either end.
-std::pair<int, int> expected_peer(const P2PMessage& m, int stage, int stages) {
+// The virtual stage at the other end of a message from `stage`'s chunk m.chunk: the next one for
+// kSendForward / kRecvBackward, the previous one otherwise (schedule.h's ring; none past either end).
+VirtualStage peer_of(const P2PMessage& m, int stage, int stages, int chunks) {
   const bool to_next = m.dir == P2PDir::kSendForward || m.dir == P2PDir::kRecvBackward;
-  if (to_next) return stage + 1 < stages ? std::pair{stage + 1, m.chunk} : std::pair{0, m.chunk + 1};
-  if (stage > 0) return {stage - 1, m.chunk};
-  return m.chunk > 0 ? std::pair{stages - 1, m.chunk - 1} : std::pair{-1, -1};
+  return to_next ? next_virtual_stage(stage, m.chunk, stages, chunks)
+                 : previous_virtual_stage(stage, m.chunk, stages, chunks);
 }
 
 std::string shape_str(at::IntArrayRef shape) {
@@ -130,14 +128,15 @@ StageLink::Posted StageLink::start(const P2PCall& call, const std::vector<torch:
   // Check everything before posting anything, so a bad call never leaves half-posted messages.
   for (size_t i = 0; i < n; ++i) {
     const P2PMessage& m = call.messages[i];
-    const auto [peer, peer_chunk] = expected_peer(m, stage(), stages());
-    if (peer < 0 || m.chunk < 0 || m.chunk >= chunks_ || peer_chunk >= chunks_) {
+    const VirtualStage peer = m.chunk >= 0 && m.chunk < chunks_ ? peer_of(m, stage(), stages(), chunks_)
+                                                                 : VirtualStage{-1, -1};
+    if (!peer.exists()) {
       throw std::invalid_argument(fmt::format("{}: there is no virtual stage at that end of stage {}'s chunk {}",
                                               where(call, i), stage(), m.chunk));
     }
-    if (m.peer_stage != peer || m.peer_chunk != peer_chunk) {
+    if (m.peer_stage != peer.stage || m.peer_chunk != peer.chunk) {
       throw std::invalid_argument(fmt::format("{}: the peer must be stage {} (chunk {}) of 0..{}", where(call, i),
-                                              peer, peer_chunk, stages() - 1));
+                                              peer.stage, peer.chunk, stages() - 1));
     }
     if (!is_send(m.dir)) continue;
     const torch::Tensor& t = send_tensors[i];
@@ -257,15 +256,15 @@ torch::Tensor StageLink::finish_recv(const P2PCall& call, size_t index, Pending&
 // ---- Megatron's vocabulary ----
 
 void StageLink::send_forward(const torch::Tensor& output, int mb, int chunk) {
-  if (is_last_stage() && chunk == chunks_ - 1) return;
-  const int peer = is_last_stage() ? 0 : stage() + 1, peer_chunk = is_last_stage() ? chunk + 1 : chunk;
-  execute({{{P2PDir::kSendForward, mb, peer, chunk, peer_chunk}}, PipePhase::kWarmup, false}, {output});
+  const VirtualStage peer = next_virtual_stage(stage(), chunk, stages(), chunks_);
+  if (!peer.exists()) return;
+  execute({{{P2PDir::kSendForward, mb, peer.stage, chunk, peer.chunk}}, PipePhase::kWarmup, false}, {output});
 }
 
 torch::Tensor StageLink::recv_forward(int mb, int chunk) {
-  if (is_first_stage() && chunk == 0) return {};
-  const int peer = is_first_stage() ? stages() - 1 : stage() - 1, peer_chunk = is_first_stage() ? chunk - 1 : chunk;
-  return execute({{{P2PDir::kRecvForward, mb, peer, chunk, peer_chunk}}, PipePhase::kWarmup, false}, {{}})[0];
+  const VirtualStage peer = previous_virtual_stage(stage(), chunk, stages(), chunks_);
+  if (!peer.exists()) return {};
+  return execute({{{P2PDir::kRecvForward, mb, peer.stage, chunk, peer.chunk}}, PipePhase::kWarmup, false}, {{}})[0];
 }
 
 void StageLink::send_backward(const torch::Tensor& input_grad, int mb, bool flush) {

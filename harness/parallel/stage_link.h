@@ -13,7 +13,7 @@
 // direction between two stages are thus posted in plan order on both sides (schedule.h's
 // simulate() checks that those orders agree); in addition every wire tensor is tagged with
 // (direction, micro-batch, the sender's model chunk, payload part), so a plan mismatch ends in a
-// named timeout on Gloo instead of silently crossed tensors (BR-11). NCCL ignores tags: order alone
+// named timeout on Gloo instead of silently crossed tensors (BR-11, docs/faults.md). NCCL ignores tags: order alone
 // matches there.
 //
 // Interleaved 1F1B (schedule.h): each message names its chunk and the peer's. The stages form a
